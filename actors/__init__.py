@@ -1,0 +1,1 @@
+"""Long-lived actors. Each is a plain class; placement applies ray.remote where it is placed."""

@@ -1,0 +1,10 @@
+"""The maze environment, its expert, its action parser and its datasets."""
+import gymnasium as gym
+
+from envs.maze import SIZES, MazeEnv
+
+for _env_id, _size in SIZES.items():
+    if _env_id not in gym.registry:
+        gym.register(id=_env_id, entry_point="envs.maze:MazeEnv", kwargs={"size": _size})
+
+__all__ = ["MazeEnv", "SIZES"]

@@ -1,0 +1,96 @@
+"""Train and eval sets of mazes, written with a manifest so a run can prove what it saw.
+
+Each row is one maze: seed, env id, layout, start, goal and the optimal move count. Rows come
+from disjoint seed ranges (train from `train_seed_start`, eval from `eval_seed_start`), and the
+same arguments always give byte-identical files. With `solvable_only`, a seed is kept only when
+the BFS expert finishes within `max_turns` turns (its moves plus the final stop); the manifest
+records the filter and how many seeds it skipped.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from envs.maze import SIZES, MazeEnv
+
+SPLITS = ("train", "eval")
+
+
+def make_rows(env_id: str, seed_start: int, count: int, max_turns: int, solvable_only: bool,
+              seed_limit: int | None = None):
+    """Return (rows, seeds scanned). Seeds are scanned upwards from seed_start."""
+    env = MazeEnv(size=SIZES[env_id], cell_px=4, max_turns=max_turns)
+    rows, seed = [], seed_start
+    while len(rows) < count:
+        if seed_limit is not None and seed >= seed_limit:
+            raise ValueError(f"seed range [{seed_start}, {seed_limit}) holds only {len(rows)} "
+                             f"usable mazes, {count} asked for; move the eval seed range further away")
+        env.reset(seed=seed)
+        moves = env.optimal_moves()
+        if not solvable_only or moves + 1 <= max_turns:
+            rows.append({"seed": seed, "env_id": env_id, "maze": env.maze.tolist(),
+                         "start": list(env.agent), "goal": list(env.target), "optimal_moves": moves})
+        seed += 1
+    return rows, seed - seed_start
+
+
+def rows_bytes(rows) -> bytes:
+    return "".join(json.dumps(r, separators=(",", ":"), sort_keys=True) + "\n" for r in rows).encode()
+
+
+def write_dataset(out_dir, env_id: str, train_size: int, eval_size: int, train_seed_start: int,
+                  eval_seed_start: int, max_turns: int, solvable_only: bool) -> dict:
+    if eval_seed_start < train_seed_start:
+        raise ValueError("eval_seed_start must be above train_seed_start (disjoint ranges)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train, train_scanned = make_rows(env_id, train_seed_start, train_size, max_turns, solvable_only,
+                                     seed_limit=eval_seed_start)
+    evals, eval_scanned = make_rows(env_id, eval_seed_start, eval_size, max_turns, solvable_only)
+    manifest = {"env_id": env_id, "max_turns": max_turns,
+                "filter": {"solvable_only": solvable_only,
+                           "rule": "BFS optimal moves + 1 stop <= max_turns" if solvable_only else None},
+                "splits": {}}
+    for name, rows, start, scanned in (("train", train, train_seed_start, train_scanned),
+                                       ("eval", evals, eval_seed_start, eval_scanned)):
+        data = rows_bytes(rows)
+        tmp = out / f".{name}.jsonl.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(out / f"{name}.jsonl")
+        manifest["splits"][name] = {
+            "file": f"{name}.jsonl", "rows": len(rows), "seed_range": [start, start + scanned],
+            "skipped_by_filter": scanned - len(rows), "sha256": hashlib.sha256(data).hexdigest(),
+            "optimal_moves": _histogram(r["optimal_moves"] for r in rows)}
+    tmp = out / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    tmp.replace(out / "manifest.json")
+    return manifest
+
+
+def _histogram(values) -> dict:
+    counts = {}
+    for v in values:
+        counts[str(v)] = counts.get(str(v), 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: int(kv[0])))
+
+
+def load_rows(path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file '{path}' does not exist; write one with "
+                                f"`python driver.py --make-dataset DIR`")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line)
+            _ = row["seed"], row["env_id"], row["maze"], row["start"], row["goal"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{n} is not a maze row ({e})") from None
+        rows.append(row)
+    return rows
+
+
+def init_state(row: dict) -> dict:
+    """What MazeEnv.reset(options={"init_state": ...}) needs to rebuild this row's maze."""
+    return {"maze": row["maze"], "agent": row["start"], "target": row["goal"], "turn": 0}

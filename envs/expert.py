@@ -1,0 +1,44 @@
+"""The BFS expert: the optimal route and the action sequence that walks it."""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from envs.generate import DELTAS
+from envs.actions import MOVES
+
+
+def shortest_path(maze: np.ndarray, start, goal) -> list[tuple[int, int]]:
+    """Cells from start to goal inclusive; empty when the goal cannot be reached."""
+    start, goal = tuple(int(v) for v in start), tuple(int(v) for v in goal)
+    parent = {start: None}
+    queue = deque([start])
+    while queue:
+        cell = queue.popleft()
+        if cell == goal:
+            path = []
+            while cell is not None:
+                path.append(cell)
+                cell = parent[cell]
+            return path[::-1]
+        for dr, dc in DELTAS:
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if (0 <= nxt[0] < maze.shape[0] and 0 <= nxt[1] < maze.shape[1]
+                    and maze[nxt] == 0 and nxt not in parent):
+                parent[nxt] = cell
+                queue.append(nxt)
+    return []
+
+
+def expert_actions(maze: np.ndarray, start, goal) -> list[str]:
+    """Optimal moves by name, ending with "stop"."""
+    path = shortest_path(maze, start, goal)
+    if not path:
+        raise ValueError(f"goal {tuple(goal)} is unreachable from {tuple(start)}")
+    moves = [MOVES[DELTAS.index((b[0] - a[0], b[1] - a[1]))] for a, b in zip(path, path[1:])]
+    return moves + ["stop"]
+
+
+def optimal_moves(maze: np.ndarray, start, goal) -> int:
+    return len(shortest_path(maze, start, goal)) - 1

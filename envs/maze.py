@@ -1,0 +1,114 @@
+"""The visual maze environment, compatible with VisGym's maze_2d.
+
+One action a turn. A move into a wall leaves the agent where it is ("Cannot move into a wall.");
+an answer that holds no valid action uses up the turn with feedback and reward 0. The only
+reward is 1.0 for `stop` on the goal; `stop` anywhere else ends the episode with 0. After
+`max_turns` turns the episode is truncated.
+"""
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from envs.actions import ACTIONS, MOVES, parse_action
+from envs.expert import optimal_moves
+from envs.generate import DELTAS, corner_pair, wilson_maze
+from envs.render import draw_agent, render_background, render_text
+
+SIZES = {"maze_2d/easy": 9, "maze_2d/hard": 11}
+
+INVALID_ACTION = ("Invalid action. Answer with one of <action>right</action>, <action>up</action>, "
+                  "<action>left</action>, <action>down</action> or <action>stop</action>.")
+WALL_HIT = "Cannot move into a wall."
+
+
+class MazeEnv(gym.Env):
+    metadata = {"render_modes": ["rgb_array", "ansi"]}
+
+    def __init__(self, size: int = 9, cell_px: int = 32, max_turns: int = 15,
+                 render_mode: str = "rgb_array"):
+        if size < 5 or size % 2 == 0:
+            raise ValueError(f"maze size must be odd and >= 5, got {size}")
+        if cell_px < 4:
+            raise ValueError(f"cell_px must be >= 4, got {cell_px}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
+        self.size, self.cell_px, self.max_turns, self.render_mode = size, cell_px, max_turns, render_mode
+        side = size * cell_px
+        self.observation_space = spaces.Box(0, 255, (side, side, 3), dtype=np.uint8)
+        # Also accepted by step(): model text, VisGym tuples and action names (see envs.actions).
+        self.action_space = spaces.Discrete(len(ACTIONS))
+        self.maze = None
+
+    # ---- gymnasium API -------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        state = (options or {}).get("init_state")
+        if state is not None:
+            self._load_state(state)
+        else:
+            self.maze = wilson_maze(self.size, self.np_random)
+            self.agent, self.target = corner_pair(self.size, self.np_random)
+            self.turn = 0
+        self._background = render_background(self.maze, self.target, self.cell_px)
+        self.feedback = ""
+        return self._observation(), self._info(valid=True)
+
+    def step(self, action):
+        if self.maze is None:
+            raise RuntimeError("call reset() before step()")
+        if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
+            action = ACTIONS[action] if 0 <= action < len(ACTIONS) else None
+        name = parse_action(action) if action is not None else None
+        self.turn += 1
+        terminated, reward = False, 0.0
+        if name is None:
+            self.feedback = INVALID_ACTION
+        elif name == "stop":
+            terminated = True
+            reward = 1.0 if self.agent == self.target else 0.0
+            self.feedback = "Stopped on the goal." if reward else "Stopped away from the goal."
+        else:
+            dr, dc = DELTAS[MOVES.index(name)]
+            nxt = (self.agent[0] + dr, self.agent[1] + dc)
+            if self.maze[nxt] == 1:  # the outer ring is wall, so nxt never leaves the grid
+                self.feedback = WALL_HIT
+            else:
+                self.agent = nxt
+                self.feedback = f"Moved {name}."
+        truncated = not terminated and self.turn >= self.max_turns
+        return self._observation(), reward, terminated, truncated, self._info(valid=name is not None)
+
+    def render(self):
+        if self.render_mode == "ansi":
+            return render_text(self.maze, self.agent, self.target)
+        return draw_agent(self._background, self.agent, self.cell_px)
+
+    # ---- state ---------------------------------------------------------------------------
+    def get_state(self) -> dict:
+        """Everything needed to rebuild this moment: reset(options={"init_state": state})."""
+        return {"maze": self.maze.tolist(), "agent": list(self.agent), "target": list(self.target),
+                "turn": self.turn}
+
+    def _load_state(self, state: dict):
+        maze = np.asarray(state["maze"], dtype=np.int8)
+        if maze.shape != (self.size, self.size):
+            raise ValueError(f"init_state maze is {maze.shape}, this env is {self.size}x{self.size}")
+        self.maze = maze
+        self.agent = tuple(int(v) for v in state["agent"])
+        self.target = tuple(int(v) for v in state["target"])
+        self.turn = int(state.get("turn", 0))
+
+    def _observation(self):
+        return draw_agent(self._background, self.agent, self.cell_px)
+
+    def _info(self, valid: bool) -> dict:
+        return {"agent": self.agent, "target": self.target,
+                "distance": abs(self.agent[0] - self.target[0]) + abs(self.agent[1] - self.target[1]),
+                "feedback": self.feedback, "valid_action": valid, "turn": self.turn}
+
+    def optimal_moves(self) -> int:
+        return optimal_moves(self.maze, self.agent, self.target)

@@ -1,0 +1,1 @@
+"""Placement: the plan (pure) and the Ray placement groups built from it."""

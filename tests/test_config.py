@@ -1,0 +1,111 @@
+"""Config: the reference run's keys verbatim, typos with suggestions, cross-field checks, --dry-run."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from settings import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The reference run's command line, as DESIGN.md section 7 lists it (quotes included).
+SEED_KEYS = """
+trainer.epochs=20 trainer.train_batch_size=24 trainer.policy_mini_batch_size=12
+trainer.micro_forward_batch_size_per_gpu=1 trainer.micro_train_batch_size_per_gpu=1
+trainer.update_epochs_per_batch=1 trainer.max_prompt_length=2048
+generator.sampling_params.max_generate_length=1024 generator.sampling_params.temperature=0.7
+generator.max_turns=15 generator.max_input_length=8192 generator.n_samples_per_prompt=8
+generator.inference_engine.num_engines=6 generator.inference_engine.tensor_parallel_size=1
+generator.inference_engine.gpu_memory_utilization=0.45
+generator.inference_engine.engine_init_kwargs.max_model_len=16000
+trainer.algorithm.advantage_estimator=grpo trainer.policy.model.lora.rank=32
+trainer.policy.model.lora.alpha=32 trainer.placement.colocate_all=true trainer.strategy=fsdp
+trainer.placement.policy_num_nodes=3 trainer.placement.policy_num_gpus_per_node=2
+trainer.placement.ref_num_nodes=3 trainer.placement.ref_num_gpus_per_node=2
+trainer.ref.fsdp_config.cpu_offload=false trainer.eval_interval=10 trainer.eval_before_train=true
+trainer.ckpt_interval=20 trainer.hf_save_interval=20 trainer.resume_mode=latest
+trainer.ckpt_path="s3://<bucket>/skyrl-visgym/ckpts/sft-grpo" trainer.export_path="/shared/runs/<run>-train"
+""".split()
+
+
+def test_every_seed_key_is_accepted_verbatim():
+    cfg = load_config(None, SEED_KEYS + ["generator.inference_engine.backend=vllm", "data.train_size=256"])
+    assert cfg.trainer.train_batch_size == 24 and cfg.trainer.policy_mini_batch_size == 12
+    assert cfg.generator.sampling_params.temperature == 0.7
+    assert cfg.generator.inference_engine.engine_init_kwargs == {"max_model_len": 16000}
+    assert cfg.trainer.ckpt_path == "s3://<bucket>/skyrl-visgym/ckpts/sft-grpo"
+    assert cfg.trainer.export_path == "/shared/runs/<run>-train"
+    assert cfg.trainer.placement.policy_num_nodes == 3 and cfg.trainer.ref.fsdp_config.cpu_offload is False
+
+
+def test_both_shipped_configs_load():
+    default = load_config(ROOT / "configs/default.yaml")
+    ref = load_config(ROOT / "configs/hyperpod_qwen3vl_8b.yaml")
+    assert default.trainer.device == "cpu" and default.generator.inference_engine.backend == "hf"
+    assert ref.generator.inference_engine.num_engines == 6 and ref.trainer.placement.colocate_all
+    assert ref.environment.env_class == "maze_2d/easy"
+
+
+@pytest.mark.parametrize("override, names", [
+    ("trainer.train_batch_sise=3", ["trainer.train_batch_sise", "trainer.train_batch_size"]),
+    ("generator.sampling_params.temprature=1", ["temprature", "generator.sampling_params.temperature"]),
+    ("trainer.polcy.model.path=x", ["trainer.polcy", "trainer.policy.model.path"]),
+])
+def test_unknown_keys_name_the_closest_valid_key(override, names):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    for name in names:
+        assert name in str(e.value)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("trainer.train_batch_size=abc", ["trainer.train_batch_size", "int"]),
+    ("trainer.eval_before_train=maybe", ["trainer.eval_before_train", "bool"]),
+    ("generator.sampling_params.temperature=hot", ["temperature", "float"]),
+])
+def test_wrong_types_name_key_and_expected_type(override, words):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    for w in words:
+        assert w in str(e.value)
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["trainer.train_batch_size=8", "trainer.policy_mini_batch_size=3"], ["divisible"]),
+    (["generator.inference_engine.num_engines=2"], ["colocate_all", "num_engines"]),
+    (["trainer.algorithm.kl_estimator_type=k9"], ["k1, k2, k3"]),
+    (["generator.n_samples_per_prompt=1"], ["n_samples_per_prompt"]),
+    (["trainer.resume_mode=from_path"], ["resume_path"]),
+    (["environment.env_class=maze_2d/medium"], ["maze_2d/easy"]),
+    (["trainer.epochs"], ["key=value"]),
+])
+def test_cross_field_and_choice_checks(overrides, words):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    for w in words:
+        assert w in str(e.value)
+
+
+def run_driver(*args):
+    return subprocess.run([sys.executable, "driver.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_dry_run_of_the_reference_config_prints_six_engines_on_three_nodes():
+    out = run_driver("--dry-run", "--config", "configs/hyperpod_qwen3vl_8b.yaml")
+    assert out.returncode == 0, out.stderr
+    assert "6 engines on 3 nodes" in out.stdout
+    for rank in range(6):
+        assert f"VLLMEngine-{rank}" in out.stdout and f"FSDPPolicyShard-{rank}" in out.stdout
+    assert out.stdout.count("placement group colocated-node") == 3
+    assert "train_batch_size: 24" in out.stdout  # the resolved config is printed too
+
+
+def test_dry_run_accepts_the_seed_command_line_and_rejects_typos_with_status_2():
+    ok = run_driver("--dry-run", *SEED_KEYS)
+    assert ok.returncode == 0, ok.stderr
+    assert "6 engines on 3 nodes" in ok.stdout
+    bad = run_driver("--dry-run", "trainer.eval_intervall=3")
+    assert bad.returncode == 2 and "trainer.eval_interval" in bad.stderr
+    missing = run_driver("--dry-run", "--config", "configs/nope.yaml")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

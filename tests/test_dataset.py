@@ -1,0 +1,60 @@
+"""Datasets: byte-identical for the same arguments, disjoint splits, the filter recorded."""
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from envs.dataset import load_rows, write_dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_same_arguments_give_identical_bytes_through_the_cli(tmp_path):
+    outs = []
+    for name in ("a", "b"):
+        r = subprocess.run([sys.executable, "driver.py", "--make-dataset", str(tmp_path / name)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        outs.append({f: (tmp_path / name / f).read_bytes() for f in ("train.jsonl", "eval.jsonl", "manifest.json")})
+    assert outs[0] == outs[1]
+    manifest = json.loads(outs[0]["manifest.json"])
+    assert manifest["splits"]["eval"]["sha256"] == hashlib.sha256(outs[0]["eval.jsonl"]).hexdigest()
+    assert manifest["splits"]["train"]["rows"] == 256 and manifest["splits"]["eval"]["rows"] == 64
+
+
+def test_splits_are_disjoint_and_filter_is_recorded(tmp_path):
+    m = write_dataset(tmp_path, "maze_2d/easy", 40, 20, 0, 1000, max_turns=15, solvable_only=True)
+    train, evals = load_rows(tmp_path / "train.jsonl"), load_rows(tmp_path / "eval.jsonl")
+    assert not {r["seed"] for r in train} & {r["seed"] for r in evals}
+    assert all(r["optimal_moves"] + 1 <= 15 for r in train + evals)
+    assert m["filter"]["solvable_only"] is True and m["splits"]["train"]["skipped_by_filter"] > 0
+    lo, hi = m["splits"]["eval"]["seed_range"]
+    assert all(lo <= r["seed"] < hi for r in evals)
+    unfiltered = write_dataset(tmp_path / "all", "maze_2d/hard", 10, 10, 0, 1000, 15, solvable_only=False)
+    assert unfiltered["splits"]["train"]["skipped_by_filter"] == 0
+    rows = load_rows(tmp_path / "all" / "train.jsonl")
+    assert [r["seed"] for r in rows] == list(range(10)) and len(rows[0]["maze"]) == 11
+
+
+def test_rows_rebuild_their_maze(tmp_path):
+    from envs.dataset import init_state
+    from envs.maze import MazeEnv
+    write_dataset(tmp_path, "maze_2d/easy", 3, 3, 0, 100, 15, True)
+    row = load_rows(tmp_path / "eval.jsonl")[0]
+    a, b = MazeEnv(), MazeEnv()
+    a.reset(seed=row["seed"])
+    b.reset(options={"init_state": init_state(row)})
+    assert (a.maze == b.maze).all() and a.agent == b.agent == tuple(row["start"])
+    assert b.optimal_moves() == row["optimal_moves"]
+
+
+def test_malformed_rows_are_reported_with_their_line(tmp_path):
+    bad = tmp_path / "eval.jsonl"
+    bad.write_text('{"seed": 1}\n')
+    try:
+        load_rows(bad)
+    except ValueError as e:
+        assert "eval.jsonl:1" in str(e)
+    else:
+        raise AssertionError("a malformed row was accepted")

@@ -1,0 +1,45 @@
+"""EnvPool: many episodes per call, isolated from each other, rejected ids change nothing."""
+import numpy as np
+import pytest
+
+from actors.env_pool import EnvPool
+from envs.expert import expert_actions
+from envs.maze import INVALID_ACTION, MazeEnv
+
+
+def test_batch_reset_and_step_with_one_bad_answer():
+    pool = EnvPool("maze_2d/easy", cell_px=8, max_turns=15)
+    ids = [f"ep{i}" for i in range(200)]
+    obs = pool.reset(ids, seeds=list(range(200)))
+    assert [o["episode_id"] for o in obs] == ids and obs[0]["image"].shape == (72, 72, 3)
+    reference = MazeEnv(cell_px=8)
+    plans = []
+    for i in range(200):
+        reference.reset(seed=i)
+        plans.append(expert_actions(reference.maze, reference.agent, reference.target))
+    answers = [f"<action>{p[0]}</action>" for p in plans]
+    answers[7] = "\x00garbage" * 1000
+    out = pool.step(ids, answers)
+    assert out[7]["info"]["feedback"] == INVALID_ACTION and out[7]["info"]["agent"] == obs[7]["info"]["agent"]
+    moved = [o for i, o in enumerate(out) if i != 7]
+    assert all(o["info"]["agent"] != obs[i if i < 7 else i + 1]["info"]["agent"] for i, o in enumerate(moved))
+
+
+def test_unknown_or_finished_ids_are_rejected_before_any_step():
+    pool = EnvPool(max_turns=2)
+    pool.reset(["a", "b"], seeds=[0, 1])
+    with pytest.raises(ValueError, match="unknown"):
+        pool.step(["a", "zzz"], ["up", "up"])
+    assert pool._envs["a"].turn == 0  # nothing half-applied
+    pool.step(["a"], ["stop"])
+    with pytest.raises(ValueError, match="finished"):
+        pool.step(["a", "b"], ["up", "up"])
+    assert pool.close(["a"]) == 1 and pool.size() == 1
+
+
+def test_init_states_rebuild_episodes():
+    pool = EnvPool()
+    env = MazeEnv()
+    env.reset(seed=11)
+    out = pool.reset(["x"], init_states=[env.get_state()])
+    assert np.array_equal(out[0]["image"], env.render())

@@ -1,0 +1,167 @@
+"""The maze: perfect mazes, VisGym's layout and colours, the rules of a turn, the BFS expert."""
+from collections import deque
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import envs  # noqa: F401  (registers maze_2d/easy and maze_2d/hard)
+from envs.actions import ACTIONS, MOVES
+from envs.expert import expert_actions, optimal_moves
+from envs.generate import DELTAS
+from envs.maze import INVALID_ACTION, WALL_HIT, MazeEnv
+from envs.render import AGENT_RGB, FLOOR_RGB, GOAL_RGB, WALL_RGB
+
+seeds = st.integers(min_value=0, max_value=2**31 - 1)
+sizes = st.sampled_from([9, 11])
+
+
+def floor_graph(maze):
+    cells = {tuple(c) for c in np.argwhere(maze == 0)}
+    edges = set()
+    for r, c in cells:
+        for dr, dc in DELTAS:
+            if (r + dr, c + dc) in cells:
+                edges.add(frozenset({(r, c), (r + dr, c + dc)}))
+    return cells, edges
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=seeds, size=sizes)
+def test_every_maze_is_perfect_with_opposite_corners(seed, size):
+    env = MazeEnv(size=size)
+    env.reset(seed=seed)
+    maze = env.maze
+    assert maze.shape == (size, size)
+    assert maze[0].all() and maze[-1].all() and maze[:, 0].all() and maze[:, -1].all()
+    cells, edges = floor_graph(maze)
+    # connected ...
+    seen, queue = {env.agent}, deque([env.agent])
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in DELTAS:
+            n = (r + dr, c + dc)
+            if n in cells and n not in seen:
+                seen.add(n)
+                queue.append(n)
+    assert seen == cells
+    # ... and acyclic: a connected graph is a tree exactly when |E| = |V| - 1
+    assert len(edges) == len(cells) - 1
+    lo, hi = 1, size - 2
+    assert {env.agent, env.target} in ({(lo, lo), (hi, hi)}, {(hi, lo), (lo, hi)})
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=seeds, size=sizes)
+def test_expert_reaches_goal_optimally_and_is_rewarded_once(seed, size):
+    env = MazeEnv(size=size, max_turns=200)
+    env.reset(seed=seed)
+    actions = expert_actions(env.maze, env.agent, env.target)
+    assert len(actions) - 1 == optimal_moves(env.maze, env.agent, env.target)
+    # Manhattan distance is a lower bound for the optimal route
+    assert len(actions) - 1 >= abs(env.agent[0] - env.target[0]) + abs(env.agent[1] - env.target[1])
+    rewards = []
+    for i, a in enumerate(actions):
+        _, reward, terminated, truncated, info = env.step(f"<action>{a}</action>")
+        rewards.append(reward)
+        assert terminated == (i == len(actions) - 1)
+        assert not truncated
+    assert rewards.count(1.0) == 1 and rewards[-1] == 1.0 and sum(rewards) == 1.0
+    assert info["agent"] == info["target"] and info["distance"] == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=seeds, moves=st.lists(st.sampled_from(MOVES), min_size=1, max_size=60))
+def test_no_action_enters_a_wall_or_leaves_the_grid(seed, moves):
+    env = MazeEnv(size=9, max_turns=100)
+    env.reset(seed=seed)
+    for m in moves:
+        before = env.agent
+        _, _, _, _, info = env.step(m)
+        r, c = info["agent"]
+        assert 0 <= r < 9 and 0 <= c < 9 and env.maze[r, c] == 0
+        dr, dc = DELTAS[MOVES.index(m)]
+        blocked = env.maze[before[0] + dr, before[1] + dc] == 1
+        assert info["agent"] == (before if blocked else (before[0] + dr, before[1] + dc))
+        assert (info["feedback"] == WALL_HIT) == blocked
+
+
+def test_same_seed_same_maze_and_init_state_rebuilds_it():
+    a, b = MazeEnv(), MazeEnv()
+    a.reset(seed=7)
+    b.reset(seed=7)
+    assert np.array_equal(a.maze, b.maze) and a.agent == b.agent and a.target == b.target
+    a.step("down"), a.step("right")
+    state = a.get_state()
+    c = MazeEnv()
+    image, info = c.reset(options={"init_state": state})
+    assert np.array_equal(image, a.render()) and info["agent"] == a.agent and c.turn == a.turn
+    different = MazeEnv()
+    different.reset(seed=8)
+    assert not np.array_equal(different.maze, a.maze)
+
+
+def test_rendering_colours_at_agent_goal_and_wall():
+    px = 25  # VisGym's cell size: 225 x 225 for easy
+    env = MazeEnv(size=9, cell_px=px)
+    image, info = env.reset(seed=3)
+    assert image.shape == (225, 225, 3) and image.dtype == np.uint8
+
+    def centre(cell):
+        return tuple(image[cell[0] * px + px // 2, cell[1] * px + px // 2])
+
+    def corner(cell):  # the disc does not reach a cell's corner
+        return tuple(image[cell[0] * px + 1, cell[1] * px + 1])
+
+    assert centre(info["agent"]) == AGENT_RGB and corner(info["agent"]) == FLOOR_RGB
+    assert centre(info["target"]) == GOAL_RGB
+    assert centre((0, 0)) == WALL_RGB
+    wall = tuple(np.argwhere(env.maze == 1)[5])
+    assert centre(wall) == WALL_RGB
+    # the agent on the goal: blue disc on the red square
+    for a in expert_actions(env.maze, env.agent, env.target)[:-1]:
+        image, *_ = env.step(a)
+    assert centre(env.target) == AGENT_RGB and corner(env.target) == GOAL_RGB
+    assert (image == np.array(AGENT_RGB)).all(-1).sum() > 0
+
+
+def test_invalid_actions_use_the_turn_and_truncation_at_max_turns():
+    env = MazeEnv(max_turns=3)
+    env.reset(seed=1)
+    start = env.agent
+    _, r, term, trunc, info = env.step("I think I will go north")
+    assert (r, term, trunc, info["feedback"], info["valid_action"]) == (0.0, False, False, INVALID_ACTION, False)
+    assert env.agent == start and env.turn == 1
+    env.step("")
+    _, r, term, trunc, _ = env.step(None)
+    assert (r, term, trunc) == (0.0, False, True)
+
+
+def test_stop_away_from_goal_ends_with_zero():
+    env = MazeEnv()
+    env.reset(seed=2)
+    _, r, term, trunc, info = env.step("('stop', 'stop')")
+    assert (r, term, trunc) == (0.0, True, False) and "away" in info["feedback"]
+
+
+def test_registered_ids_and_text_rendering():
+    easy = gym.make("maze_2d/easy").unwrapped
+    hard = gym.make("maze_2d/hard").unwrapped
+    easy.reset(seed=0)
+    hard.reset(seed=0)
+    assert easy.maze.shape == (9, 9) and hard.maze.shape == (11, 11)
+    text = MazeEnv(render_mode="ansi")
+    text.reset(seed=0)
+    rows = text.render().splitlines()
+    assert len(rows) == 9 and rows[0] == "#" * 9
+    assert rows[text.agent[0]][text.agent[1]] == "A" and rows[text.target[0]][text.target[1]] == "T"
+
+
+def test_integer_actions_follow_visgym_codes():
+    env = MazeEnv()
+    env.reset(seed=4)
+    for code, name in enumerate(ACTIONS[:4]):
+        assert MOVES[code] == name
+    with pytest.raises(ValueError):
+        MazeEnv(size=8)

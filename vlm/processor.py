@@ -1,0 +1,39 @@
+"""Qwen-VL processors that work with and without torchvision.
+
+transformers' Qwen3-VL processor always builds a video processor, and video processors need
+torchvision. The CPU default has no torchvision (the only wheels here need CUDA and break the
+processors), so there we use a subclass that handles images only and the PIL image backend.
+With torchvision installed (GPU boxes) the stock AutoProcessor is used.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from transformers import AutoProcessor, Qwen3VLProcessor
+from transformers.processing_utils import ProcessorMixin
+
+
+def has_torchvision() -> bool:
+    return importlib.util.find_spec("torchvision") is not None
+
+
+class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
+    """Qwen3VLProcessor without the video processor (images and text only)."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        self.image_token = getattr(tokenizer, "image_token", "<|image_pad|>")
+        self.video_token = getattr(tokenizer, "video_token", "<|video_pad|>")
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+        self.vision_start_token = getattr(tokenizer, "vision_start_token", "<|vision_start|>")
+        self.vision_end_token = getattr(tokenizer, "vision_end_token", "<|vision_end|>")
+        self.vision_start_token_id = tokenizer.convert_tokens_to_ids(self.vision_start_token)
+        self.vision_end_token_id = tokenizer.convert_tokens_to_ids(self.vision_end_token)
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
+
+
+def load_processor(path: str):
+    """The processor saved beside a model, usable on this machine."""
+    if has_torchvision():
+        return AutoProcessor.from_pretrained(path)
+    return ImageOnlyQwen3VLProcessor.from_pretrained(path, backend="pil")
