@@ -1,14 +1,27 @@
-"""visrl driver: GRPO for a vision-language maze agent on Ray.
+"""visrl driver: multi-turn GRPO for a vision-language maze agent, on Ray.
 
-    python driver.py [--config FILE] [key=value ...]       train (the default: embedded CPU run)
-    python driver.py --dry-run [key=value ...]             validate, print config and placement
-    python driver.py --make-dataset DIR [key=value ...]    write train/eval sets + manifest
-    python driver.py --eval-only [--adapter DIR|s3://...]  greedy eval on the eval set
+    python driver.py [--config FILE] [key=value ...]         train (default: the embedded CPU run)
+    python driver.py --dry-run [key=value ...]               validate; print config and placement
+    python driver.py --make-dataset DIR [key=value ...]      write train/eval sets + manifest
+    python driver.py --eval-only [--adapter DIR|s3://...]    greedy eval of a model (+ adapter)
+
+One step, as DESIGN.md draws it:
+    rollouts (VLLMEngine x N, EnvPool) -> group-relative advantages (GRPO)
+      -> LoRA update on the frozen base (FSDPPolicyShard x N, RefShard x N for the KL term)
+      -> adapter written to shared storage, engines load the new version
+      -> periodic eval (the fixed eval mazes) and checkpoints (local folder or s3://)
+
+What is simplified: the trainer scores each turn's tokens with the prompt that turn was sampled
+from (turns merge into one sequence only when the context window keeps the whole history), and
+old log-probs come from the engines unless `trainer.algorithm.use_rollout_logprobs=false`.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+from pathlib import Path
 
 from settings import ConfigError, load_config, to_yaml
 
@@ -18,8 +31,57 @@ def parse_args(argv):
     ap.add_argument("--config", help="YAML config (default: configs/default.yaml)")
     ap.add_argument("--dry-run", action="store_true", help="validate, print the resolved config and placement, exit")
     ap.add_argument("--make-dataset", metavar="DIR", help="write train.jsonl, eval.jsonl, manifest.json to DIR")
+    ap.add_argument("--eval-only", action="store_true", help="evaluate greedily on the eval set and exit")
+    ap.add_argument("--eval-set", metavar="FILE", help="with --eval-only: another eval .jsonl")
+    ap.add_argument("--adapter", metavar="DIR", help="with --eval-only: a LoRA adapter folder or s3:// prefix")
+    ap.add_argument("--chaos-kill-every", type=int, default=0, metavar="N",
+                    help="kill a random actor every N steps (tests your recovery set-up)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.train_batch_size=24")
     return ap.parse_args(argv)
+
+
+def train(cfg, chaos_kill_every: int = 0) -> dict:
+    import ray
+    from tqdm import tqdm
+
+    from rl.session import Session
+
+    s = Session(cfg)
+    ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, include_dashboard=cfg.ray.include_dashboard,
+             log_to_driver=True, configure_logging=False)
+    s.start_actors()
+    s.resume()
+    if cfg.trainer.eval_before_train and s.step == 0:
+        s.log(0, s.evaluate())
+    bar = tqdm(range(s.step + 1, s.total_steps + 1), desc="GRPO", unit="step", initial=s.step, total=s.total_steps)
+    for step in bar:
+        started = time.perf_counter()
+        rows, epoch = s.sampler.next_batch()
+        episodes = s.rollouts(rows, step)                 # VLLMEngine x N + EnvPool
+        advantages = s.advantages(episodes)               # group-relative (GRPO)
+        metrics = s.update(episodes, advantages)          # ref log-probs, then LoRA update on the shards
+        metrics |= s.sync_weights()                       # adapter v{step} -> every engine
+        if step % cfg.trainer.eval_interval == 0 or step == s.total_steps:
+            metrics |= s.evaluate()
+        if step % cfg.trainer.hf_save_interval == 0 or step == s.total_steps:
+            metrics |= s.export(step)
+        s.step = step
+        if step % cfg.trainer.ckpt_interval == 0 or step == s.total_steps:
+            metrics |= s.checkpoint(step)
+        metrics |= s.phases.metrics() | {"timing/step": time.perf_counter() - started, "epoch": epoch}
+        s.log(step, metrics)
+        bar.write(s.step_line(step, metrics))
+        if chaos_kill_every and step % chaos_kill_every == 0 and step < s.total_steps:
+            s.chaos_kill()
+    return s.finish()
+
+
+def eval_only(cfg, eval_set: str | None, adapter: str | None) -> dict:
+    from rl.session import evaluate_locally
+    report = evaluate_locally(cfg, eval_set, adapter)
+    print(json.dumps(report.summary()))
+    print(report.line())
+    return report.summary()
 
 
 def dry_run(cfg) -> None:
@@ -29,13 +91,12 @@ def dry_run(cfg) -> None:
 
 
 def make_dataset(cfg, out_dir: str) -> None:
-    import json
     from envs.dataset import write_dataset
     d = cfg.data
     manifest = write_dataset(out_dir, cfg.environment.env_class, d.train_size, d.eval_size, d.train_seed_start,
                              d.eval_seed_start, cfg.generator.max_turns, d.solvable_only)
     print(json.dumps(manifest["splits"], indent=2))
-    print(f"wrote {out_dir}/train.jsonl, eval.jsonl, manifest.json")
+    print(f"wrote {Path(out_dir) / 'train.jsonl'}, eval.jsonl, manifest.json")
 
 
 def main(argv=None) -> int:
@@ -47,11 +108,13 @@ def main(argv=None) -> int:
         return 2
     if args.dry_run:
         dry_run(cfg)
-        return 0
-    if args.make_dataset:
+    elif args.make_dataset:
         make_dataset(cfg, args.make_dataset)
-        return 0
-    raise SystemExit("training is not built yet")
+    elif args.eval_only:
+        eval_only(cfg, args.eval_set, args.adapter)
+    else:
+        train(cfg, args.chaos_kill_every)
+    return 0
 
 
 if __name__ == "__main__":

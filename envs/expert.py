@@ -42,3 +42,20 @@ def expert_actions(maze: np.ndarray, start, goal) -> list[str]:
 
 def optimal_moves(maze: np.ndarray, start, goal) -> int:
     return len(shortest_path(maze, start, goal)) - 1
+
+
+def direction_field(maze: np.ndarray, goal) -> np.ndarray:
+    """For every floor cell, the expert's action there (index into ACTIONS: a move toward the goal,
+    4 = stop on the goal); -1 on walls. One BFS from the goal."""
+    field = np.full(maze.shape, -1, dtype=np.int64)
+    goal = tuple(int(v) for v in goal)
+    field[goal] = 4
+    queue = deque([goal])
+    while queue:
+        cell = queue.popleft()
+        for d, (dr, dc) in enumerate(DELTAS):
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if maze[nxt] == 0 and field[nxt] == -1:
+                field[nxt] = (d + 2) % 4  # from nxt, the move back toward cell
+                queue.append(nxt)
+    return field

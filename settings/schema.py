@@ -63,6 +63,7 @@ class AlgorithmConfig:
     loss_reduction: str = "token_mean"  # token_mean | sequence_mean
     entropy_coef: float = 0.0
     filter_zero_advantage_groups: bool = False  # visrl: drop all-equal groups from the update
+    use_rollout_logprobs: bool = False  # visrl: the engines' sampling log-probs as the old policy
 
 
 @dataclass

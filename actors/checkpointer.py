@@ -1,0 +1,144 @@
+"""Checkpointer: saves and restores full training state to a local folder or s3://bucket/prefix.
+
+Layout (DESIGN.md section 8):
+    {ckpt_path}/global_step_N/trainer_state.json     step, epoch, dataloader position, config, RNG
+    {ckpt_path}/global_step_N/policy/adapter_model.safetensors + adapter_config.json
+    {ckpt_path}/global_step_N/policy/optimizer.pt     optimizer + scheduler (torch.save, tensors only)
+    {ckpt_path}/global_step_N/manifest.json           sha256 of every file above (written last in the folder)
+    {ckpt_path}/latest_ckpt_global_step.txt           the commit marker, written after everything else
+
+A checkpoint counts only once the marker names it and its manifest's checksums match; a corrupt or
+partial one is skipped (with a warning) in favour of the newest older one that verifies.
+Loading never unpickles: safetensors for weights, torch.load(weights_only=True) for the rest.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from storage import StorageError, open_store
+
+MARKER = "latest_ckpt_global_step.txt"
+
+
+def step_dir(step: int) -> str:
+    return f"global_step_{step}"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+class Checkpointer:
+    def __init__(self, ckpt_path: str, s3_cfg=None, max_ckpts_to_keep: int = -1, retries: int = 3,
+                 backoff_s: float = 0.5):
+        self.path, self.keep, self.retries, self.backoff_s = ckpt_path, max_ckpts_to_keep, retries, backoff_s
+        self.store = open_store(ckpt_path, s3_cfg)
+
+    # ---- save ---------------------------------------------------------------------------------
+    def save(self, step: int, trainer_state: dict, policy_state: dict, adapter_dir: str) -> dict:
+        """Write global_step_{step}, then the marker; returns {"seconds", "bytes"}. Retries with backoff."""
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / step_dir(step)
+            shutil.copytree(adapter_dir, folder / "policy")
+            buf = io.BytesIO()
+            torch.save({"optimizer": policy_state["optimizer"], "scheduler": policy_state["scheduler"],
+                        "optimizer_steps": policy_state["optimizer_steps"],
+                        "torch_rng": policy_state["torch_rng"]}, buf)
+            (folder / "policy" / "optimizer.pt").write_bytes(buf.getvalue())
+            (folder / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True))
+            files = sorted(p for p in folder.rglob("*") if p.is_file())
+            manifest = {"step": step, "files": {str(p.relative_to(folder)): _sha256(p.read_bytes()) for p in files}}
+            (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+            size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+            self._retry(f"upload of {step_dir(step)}", lambda: self.store.upload_dir(str(folder), step_dir(step)))
+        self._retry("commit marker", lambda: self.store.put_bytes(MARKER, str(step).encode()))
+        self.prune()
+        return {"seconds": time.perf_counter() - start, "bytes": size}
+
+    def _retry(self, what: str, fn):
+        for attempt in range(1, self.retries + 1):
+            try:
+                return fn()
+            except (StorageError, OSError) as e:
+                if attempt == self.retries:
+                    raise CheckpointError(f"checkpoint {what} to {self.path} failed after {attempt} tries: {e}") from None
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+
+    def prune(self) -> list[int]:
+        """Delete all but the newest `max_ckpts_to_keep` checkpoints; never the committed latest."""
+        if self.keep is None or self.keep < 0:
+            return []
+        latest = self._marker()
+        steps = self.steps()
+        keep = set(steps[-max(self.keep, 1):]) | ({latest} if latest is not None else set())
+        removed = [s for s in steps if s not in keep and (latest is None or s < latest)]
+        for s in removed:
+            self.store.delete(step_dir(s))
+        return removed
+
+    # ---- load ---------------------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        out = []
+        for name in self.store.list_dirs():
+            if name.startswith("global_step_") and name[len("global_step_"):].isdigit():
+                out.append(int(name[len("global_step_"):]))
+        return sorted(out)
+
+    def _marker(self) -> int | None:
+        try:
+            text = self.store.get_bytes(MARKER).decode().strip()
+        except StorageError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def latest(self) -> int | None:
+        """The newest checkpoint that is committed and verifies, or None."""
+        marker = self._marker()
+        if marker is None:
+            return None
+        for step in sorted((s for s in self.steps() if s <= marker), reverse=True):
+            problem = self.verify(step)
+            if problem is None:
+                return step
+            warnings.warn(f"skipping checkpoint {self.path}/{step_dir(step)}: {problem}")
+        return None
+
+    def verify(self, step: int) -> str | None:
+        try:
+            manifest = json.loads(self.store.get_bytes(f"{step_dir(step)}/manifest.json"))
+            for rel, digest in manifest["files"].items():
+                if _sha256(self.store.get_bytes(f"{step_dir(step)}/{rel}")) != digest:
+                    return f"{rel} does not match its checksum"
+        except (StorageError, ValueError, KeyError) as e:
+            return f"incomplete ({e})"
+        return None
+
+    def load(self, step: int, adapter_out: str) -> tuple[dict, dict]:
+        """(trainer_state, policy_state); the adapter files are copied to `adapter_out`."""
+        problem = self.verify(step)
+        if problem:
+            raise CheckpointError(f"checkpoint {self.path}/{step_dir(step)} cannot be loaded: {problem}")
+        from safetensors.torch import load
+
+        d = step_dir(step)
+        trainer_state = json.loads(self.store.get_bytes(f"{d}/trainer_state.json"))
+        opt = torch.load(io.BytesIO(self.store.get_bytes(f"{d}/policy/optimizer.pt")), weights_only=True)
+        Path(adapter_out).mkdir(parents=True, exist_ok=True)
+        for name in ("adapter_model.safetensors", "adapter_config.json"):
+            (Path(adapter_out) / name).write_bytes(self.store.get_bytes(f"{d}/policy/{name}"))
+        lora = load((Path(adapter_out) / "adapter_model.safetensors").read_bytes())
+        return trainer_state, {"lora": lora, **opt}
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

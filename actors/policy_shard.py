@@ -1,0 +1,233 @@
+"""FSDPPolicyShard: one FSDP2 shard of the frozen base plus its trainable LoRA.
+
+Methods: logprobs(items) for the behaviour policy, train(items) for one GRPO batch (mini-batches
+of prompts, micro-batches with gradient accumulation, `update_epochs_per_batch` passes, AdamW on
+the LoRA weights only, grad-norm clipping, warmup LR schedule), save_adapter(folder) writing the
+full LoRA from rank 0 in PEFT format, and state_dict()/load_state_dict() with everything gathered
+(LoRA and optimizer states are small), so a checkpoint loads at any world size.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rl.algorithm import entropy, kl_penalty, ppo_clip_loss
+from vlm.forward import agree_max, collate, sampled_logprobs, score_items
+from vlm.sharding import init_distributed, shard_model
+
+
+class FSDPPolicyShard:
+    def __init__(self, model_path: str, rank: int = 0, world_size: int = 1, device: str = "cpu",
+                 lora: dict | None = None, optimizer: dict | None = None, total_steps: int = 1,
+                 seed: int = 42, cpu_offload: bool = False, s3_cfg=None, threads: int | None = None,
+                 dtype: str = "float32"):
+        self.model_path, self.rank, self.world_size, self.device = model_path, rank, world_size, device
+        self.lora_cfg = {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear", **(lora or {})}
+        self.optim_cfg = {"lr": 1e-4, "adam_betas": [0.9, 0.999], "weight_decay": 0.0, "max_grad_norm": 1.0,
+                          "num_warmup_steps": 0, "scheduler": "constant_with_warmup", **(optimizer or {})}
+        self.total_steps, self.seed, self.cpu_offload, self.s3_cfg = total_steps, seed, cpu_offload, s3_cfg
+        self.dtype = getattr(torch, dtype)
+        if threads:
+            torch.set_num_threads(threads)
+        self.model = None
+
+    # ---- set-up -------------------------------------------------------------------------------
+    def address(self) -> tuple[str, int]:
+        from vlm.sharding import free_port, node_ip
+        return node_ip(), free_port()
+
+    def setup(self, master_addr: str = "127.0.0.1", master_port: int = 29500) -> int:
+        """Join the process group, load and shard the model, build optimizer and schedule."""
+        from peft import LoraConfig, get_peft_model
+
+        from vlm.load import load_model
+
+        init_distributed(self.rank, self.world_size, master_addr, master_port, self.device)
+        torch.manual_seed(self.seed)
+        base, self.processor = load_model(self.model_path, self.device, self.dtype, self.s3_cfg)
+        for p in base.parameters():
+            p.requires_grad_(False)
+        target = self.lora_cfg["target_modules"]
+        config = LoraConfig(r=self.lora_cfg["rank"], lora_alpha=self.lora_cfg["alpha"],
+                            lora_dropout=self.lora_cfg["dropout"],
+                            target_modules=target if target == "all-linear" else [t.strip() for t in target.split(",")])
+        self.model = get_peft_model(base, config)
+        self.model.train()
+        shard_model(self.model, self.device, self.cpu_offload)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        o = self.optim_cfg
+        self.optimizer = torch.optim.AdamW(params, lr=o["lr"], betas=tuple(o["adam_betas"]),
+                                           weight_decay=o["weight_decay"])
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.optimizer_steps = 0
+        return sum(p.numel() for p in params)
+
+    def _lr_factor(self, step: int) -> float:
+        warm = self.optim_cfg["num_warmup_steps"]
+        if warm and step < warm:
+            return (step + 1) / warm
+        if self.optim_cfg["scheduler"] == "cosine_with_warmup":
+            progress = min(1.0, (step - warm) / max(1, self.total_steps - warm))
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    # ---- forward passes -----------------------------------------------------------------------
+    def logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> list[np.ndarray]:
+        """Log-probs of each item's sampled tokens under the current policy."""
+        self.model.eval()
+        try:
+            return score_items(self.model, self.processor, items, micro_batch, self.device, self.dtype,
+                               temperature, self.world_size)
+        finally:
+            self.model.train()
+
+    def train(self, items: list, algo: dict, temperature: float = 1.0, micro_batch: int = 16,
+              epochs: int = 1) -> dict:
+        """One GRPO batch; `items` are this rank's rl.batch.TrainItem, weights already global."""
+        minibatches = sorted({it.minibatch for it in items})
+        n_mb = self._agree_max(len(minibatches))
+        sums = dict.fromkeys(("policy_loss", "policy_kl", "entropy", "clipped", "tokens", "approx_kl"), 0.0)
+        grad_norms = []
+        for _ in range(epochs):
+            for m in range(n_mb):
+                mine = [it for it in items if m < len(minibatches) and it.minibatch == minibatches[m]]
+                micro = [mine[i:i + micro_batch] for i in range(0, len(mine), micro_batch)]
+                n_micro = self._agree_max(len(micro))
+                self.optimizer.zero_grad(set_to_none=True)
+                for k in range(n_micro):
+                    # ranks must run the same number of passes: a rank with no data left runs a
+                    # pass that contributes nothing (scale 0)
+                    chunk, scale = (micro[k], 1.0) if k < len(micro) else (items[:micro_batch], 0.0)
+                    for key, v in self._micro_step(chunk, scale, algo, temperature).items():
+                        sums[key] += v
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                norm = torch.nn.utils.clip_grad_norm_(params, self.optim_cfg["max_grad_norm"])
+                grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer_steps += 1
+        sums = self._sum_across_ranks(sums)
+        steps = max(len(grad_norms), 1)
+        return {"policy_loss": sums["policy_loss"] / steps, "policy_kl": sums["policy_kl"] / steps,
+                "entropy": sums["entropy"] / steps, "clip_ratio": sums["clipped"] / max(sums["tokens"], 1),
+                "approx_kl": sums["approx_kl"] / max(sums["tokens"], 1),
+                "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
+                "lr": self.scheduler.get_last_lr()[0], "optimizer_steps": len(grad_norms)}
+
+    def _micro_step(self, chunk, scale: float, algo: dict, temperature: float) -> dict:
+        batch = collate([it.seq for it in chunk], self.processor, self.device, self.dtype)
+        logp, logp_all = sampled_logprobs(self.model, batch, temperature, with_distribution=True)
+        token_entropy = entropy(logp_all)
+        counts = [it.n_scored for it in chunk]
+        dev = logp.device
+
+        def per_token(values):
+            return torch.tensor(np.concatenate([np.full(c, v, dtype=np.float32) for c, v in zip(counts, values)]),
+                                device=dev)
+
+        weights = per_token([it.token_weight for it in chunk]) * scale  # global: sums to 1 per mini-batch
+        old = torch.tensor(np.concatenate([it.old_logprobs for it in chunk]), device=dev)
+        pg, clipped, log_ratio = ppo_clip_loss(logp, old, per_token([it.advantage for it in chunk]),
+                                               algo["eps_clip_low"], algo["eps_clip_high"])
+        pg_loss = (pg * weights).sum()
+        loss = pg_loss
+        kl = torch.zeros((), device=dev)
+        if chunk[0].ref_logprobs is not None:
+            ref = torch.tensor(np.concatenate([it.ref_logprobs for it in chunk]), device=dev)
+            kl = (kl_penalty(logp, ref, algo["kl_estimator_type"]) * weights).sum()
+            if algo["use_kl_loss"]:
+                loss = loss + algo["kl_loss_coef"] * kl
+        if algo.get("entropy_coef"):
+            loss = loss - algo["entropy_coef"] * (token_entropy * weights).sum()
+        # FSDP averages gradients over ranks; the weights are global, so scale the average back up
+        (loss * self.world_size).backward()
+        active = (weights > 0).float()
+        with torch.no_grad():
+            return {"policy_loss": float(pg_loss), "policy_kl": float(kl),
+                    "entropy": float((token_entropy * weights).sum()), "clipped": float((clipped.float() * active).sum()),
+                    "tokens": float(active.sum()),
+                    "approx_kl": float(((torch.exp(log_ratio) - 1 - log_ratio) * active).sum())}
+
+    def _agree_max(self, n: int) -> int:
+        return agree_max(n, self.world_size, self.device)
+
+    def _sum_across_ranks(self, stats: dict) -> dict:
+        if self.world_size == 1:
+            return stats
+        keys = sorted(stats)
+        t = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return dict(zip(keys, t.tolist()))
+
+    # ---- weights out and in -------------------------------------------------------------------
+    def _full_lora(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        return get_model_state_dict(self.model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=True))
+
+    def save_adapter(self, folder: str) -> str | None:
+        """Write the full adapter (PEFT layout) to `folder` atomically; rank 0 writes, all gather."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        full = self._full_lora()
+        if self.rank != 0:
+            return None
+        folder = Path(folder)
+        tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex}.tmp")
+        tmp.mkdir(parents=True)
+        tensors = get_peft_model_state_dict(self.model, state_dict=full)
+        if not tensors or any(t.numel() == 0 for t in tensors.values()):
+            raise RuntimeError("gathered LoRA state is empty; refusing to write an empty adapter")
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "adapter_model.safetensors"))
+        config = self.model.peft_config["default"].to_dict()
+        config["base_model_name_or_path"] = self.model_path
+        config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
+        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, default=str))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+        return str(folder)
+
+    def state_dict(self) -> dict | None:
+        """Optimizer (gathered to full tensors) and scheduler state; rank 0 returns it. The LoRA
+        weights travel as the adapter (save_adapter), so a checkpoint holds them once."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        return {"optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
+                "optimizer_steps": self.optimizer_steps, "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from {"lora": PEFT adapter tensors, "optimizer", "scheduler", ...} at any world size."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        missing = [n for n in names if _peft_key(n) not in state["lora"]]
+        if missing:
+            raise ValueError(f"checkpoint adapter lacks {len(missing)} LoRA tensors of this model, e.g. "
+                             f"{_peft_key(missing[0])}; was it saved with another lora config?")
+        model_sd = {n: state["lora"][_peft_key(n)] for n in names}
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=True, strict=False))
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+        torch.set_rng_state(state["torch_rng"])
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _peft_key(name: str) -> str:
+    """The key PEFT writes for a parameter (adapter name dropped): lora_A.default.weight -> lora_A.weight."""
+    return name.replace(".default.", ".")

@@ -1,0 +1,77 @@
+"""VLLMEngine: one rollout engine per device, with the `hf` or `vllm` backend.
+
+It owns the base weights and the current LoRA version. Every result carries the version it was
+produced with, and a generate call can demand a version: a mismatch is an error, never a silent
+rollout on stale weights (the bug most reported across RL frameworks). While asleep (colocated
+shards are training) it refuses to generate rather than fight them for memory.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from inference.requests import GenRequest, GenResult, Sampling
+
+
+class StaleAdapterError(RuntimeError):
+    pass
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, backend: str = "hf", device: str = "cpu", rank: int = 0,
+                 dtype: str = "float32", s3_cfg=None, threads: int | None = None, **vllm_kwargs):
+        self.rank, self.backend_name, self.device = rank, backend, device
+        if threads:
+            torch.set_num_threads(threads)
+        if backend == "vllm":
+            from inference.vllm_backend import VLLMBackend
+            from vlm.load import resolve_model_path
+            self.backend = VLLMBackend(resolve_model_path(model_path, s3_cfg), **vllm_kwargs)
+        else:
+            from inference.hf_backend import HFBackend
+            from vlm.load import load_model
+            model, processor = load_model(model_path, device, getattr(torch, dtype), s3_cfg)
+            self.backend = HFBackend(model, processor, device)
+        self.adapter_version = 0  # 0 = the base model, no adapter
+        self.adapter_path = None
+        self.asleep = False
+        self.last_load_s = 0.0
+
+    def generate(self, requests: list[GenRequest], sampling: Sampling,
+                 expect_version: int | None = None) -> list[GenResult]:
+        if self.asleep:
+            raise RuntimeError(f"VLLMEngine-{self.rank} is asleep; call wake_up() before generating")
+        if expect_version is not None and expect_version != self.adapter_version:
+            raise StaleAdapterError(f"VLLMEngine-{self.rank} holds adapter v{self.adapter_version}, "
+                                    f"rollout expects v{expect_version}: weights were not synced")
+        return self.backend.generate(requests, sampling, self.adapter_version)
+
+    def load_adapter(self, ref: dict) -> int:
+        """ref = {"path": folder, "version": n}; returns the version now loaded."""
+        version = int(ref["version"])
+        if version < self.adapter_version:
+            raise StaleAdapterError(f"VLLMEngine-{self.rank}: refusing to go back from v{self.adapter_version} "
+                                    f"to v{version}")
+        start = time.perf_counter()
+        if self.backend_name == "vllm":
+            self.backend.load_adapter(ref["path"], version)
+        else:
+            self.backend.load_adapter(ref["path"])
+        self.adapter_version, self.adapter_path = version, ref["path"]
+        self.last_load_s = time.perf_counter() - start
+        return version
+
+    def sleep(self) -> None:
+        if not self.asleep:
+            self.backend.sleep()
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.backend.wake_up()
+            self.asleep = False
+
+    def status(self) -> dict:
+        return {"rank": self.rank, "adapter_version": self.adapter_version, "asleep": self.asleep,
+                "backend": self.backend_name, "last_adapter_load_s": self.last_load_s}

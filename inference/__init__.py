@@ -1,0 +1,1 @@
+"""Generation backends behind the VLLMEngine actor: `hf` (transformers, CPU or GPU) and `vllm`."""

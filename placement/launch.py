@@ -1,0 +1,93 @@
+"""Start the long-lived actors where the plan puts them, named by role for the Ray Dashboard.
+
+Actor classes are plain Python classes; `ray.remote` is applied here, at placement.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from placement.groups import create_groups, remove_groups
+from placement.plan import Plan
+from settings.schema import Config
+
+
+@dataclass
+class ActorSet:
+    groups: dict
+    env_pool: object
+    engines: list
+    policy: list
+    ref: list
+    checkpointer: object = None
+    extra: dict = field(default_factory=dict)
+
+    def all_handles(self) -> dict:
+        named = {"EnvPool": self.env_pool}
+        named.update({f"VLLMEngine-{i}": h for i, h in enumerate(self.engines)})
+        named.update({f"FSDPPolicyShard-{i}": h for i, h in enumerate(self.policy)})
+        named.update({f"RefShard-{i}": h for i, h in enumerate(self.ref)})
+        if self.checkpointer is not None:
+            named["Checkpointer"] = self.checkpointer
+        return named
+
+
+def _options(groups, pool, bundle_index, slot, namespace):
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    return {"name": slot.name, "namespace": namespace, "num_cpus": slot.num_cpus, "num_gpus": slot.num_gpus,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=groups[pool.name], placement_group_bundle_index=bundle_index)}
+
+
+def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorSet:
+    import ray
+
+    from actors.env_pool import EnvPool
+    from actors.policy_shard import FSDPPolicyShard
+    from actors.ref_shard import RefShard
+    from actors.vllm_engine import VLLMEngine
+
+    groups = create_groups(plan, cfg.trainer.placement.timeout_s)
+    device = "cuda" if plan.use_gpu else "cpu"
+    ns, t, g = cfg.ray.namespace, cfg.trainer, cfg.generator
+    threads = max(1, int(t.placement.cpus_per_bundle)) if device == "cpu" else None
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    try:
+        policy = [ray.remote(FSDPPolicyShard).options(**_options(groups, pool, i, slot, ns)).remote(
+            model_path, rank=slot.rank, world_size=len(plan.slots("policy")), device=device,
+            lora=asdict(t.policy.model.lora), optimizer=asdict(t.policy.optimizer_config),
+            total_steps=total_steps, seed=t.seed, cpu_offload=t.policy.fsdp_config.cpu_offload,
+            s3_cfg=cfg.s3, threads=threads, dtype=dtype) for pool, i, slot in plan.slots("policy")]
+        ref = [ray.remote(RefShard).options(**_options(groups, pool, i, slot, ns)).remote(
+            model_path, rank=slot.rank, world_size=len(plan.slots("ref")), device=device,
+            cpu_offload=t.ref.fsdp_config.cpu_offload, s3_cfg=cfg.s3, threads=threads, dtype=dtype)
+            for pool, i, slot in plan.slots("ref")]
+        engine_kwargs = {}
+        if g.inference_engine.backend == "vllm":
+            engine_kwargs = {"tensor_parallel_size": g.inference_engine.tensor_parallel_size,
+                             "gpu_memory_utilization": g.inference_engine.gpu_memory_utilization,
+                             "max_lora_rank": t.policy.model.lora.rank,
+                             "engine_init_kwargs": dict(g.inference_engine.engine_init_kwargs)}
+        engines = [ray.remote(VLLMEngine).options(**_options(groups, pool, i, slot, ns)).remote(
+            model_path, backend=g.inference_engine.backend, device=device, rank=slot.rank, dtype=dtype,
+            s3_cfg=cfg.s3, threads=threads, **engine_kwargs) for pool, i, slot in plan.slots("engine")]
+        env_pool = ray.remote(EnvPool).options(name="EnvPool", namespace=ns, num_cpus=0).remote(
+            cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)
+        for shards in (policy, ref):
+            if shards:
+                addr, port = ray.get(shards[0].address.remote())
+                ray.get([s.setup.remote(addr, port) for s in shards])
+        ray.get([e.status.remote() for e in engines] + [env_pool.size.remote()])
+    except Exception:
+        remove_groups(groups)
+        raise
+    return ActorSet(groups, env_pool, engines, policy, ref)
+
+
+def teardown(actors: ActorSet) -> None:
+    import ray
+    for handle in actors.all_handles().values():
+        try:
+            ray.kill(handle)
+        except Exception:
+            pass
+    remove_groups(actors.groups)

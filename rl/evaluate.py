@@ -1,0 +1,46 @@
+"""Greedy evaluation on a fixed maze set: solve rate beside the oracle ceiling (the BFS expert's
+rate under the same step limit), mean turns, invalid-action rate, and one record per maze."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from envs.dataset import init_state
+from inference.requests import Sampling
+from rl.rollout import RolloutRunner, Task
+
+
+@dataclass
+class EvalReport:
+    solve_rate: float
+    solved: int
+    total: int
+    oracle_ceiling: float
+    mean_turns: float
+    invalid_action_rate: float
+    adapter_version: int
+    per_maze: list[dict] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "per_maze"}
+
+    def line(self) -> str:
+        return (f"solve rate {100 * self.solve_rate:.1f}% ({self.solved}/{self.total}), oracle ceiling "
+                f"{100 * self.oracle_ceiling:.1f}%, mean turns {self.mean_turns:.1f}, invalid actions "
+                f"{100 * self.invalid_action_rate:.1f}%, adapter v{self.adapter_version}")
+
+
+def evaluate(runner: RolloutRunner, rows: list[dict], max_new_tokens: int, adapter_version: int,
+             progress=None) -> EvalReport:
+    tasks = [Task(f"eval-{i}-{row['seed']}", i, init_state(row), row["seed"]) for i, row in enumerate(rows)]
+    episodes = runner.run(tasks, Sampling(max_new_tokens=max_new_tokens, temperature=0.0), adapter_version,
+                          progress=progress)
+    per_maze = [{"seed": row["seed"], "solved": ep.solved, "turns": len(ep.turns), "stop_reason": ep.stop_reason,
+                 "optimal_moves": row.get("optimal_moves"), "invalid_actions": ep.invalid_actions,
+                 "answers": [t.text for t in ep.turns]} for row, ep in zip(rows, episodes)]
+    solved = sum(ep.solved for ep in episodes)
+    turns = sum(len(ep.turns) for ep in episodes)
+    ceiling = sum(r.get("optimal_moves", 0) + 1 <= runner.max_turns for r in rows) / max(len(rows), 1)
+    return EvalReport(solve_rate=solved / max(len(rows), 1), solved=solved, total=len(rows), oracle_ceiling=ceiling,
+                      mean_turns=turns / max(len(rows), 1),
+                      invalid_action_rate=sum(ep.invalid_actions for ep in episodes) / max(turns, 1),
+                      adapter_version=adapter_version, per_maze=per_maze)

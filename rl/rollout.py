@@ -1,0 +1,153 @@
+"""The multi-turn rollout: picture -> answer -> env step -> feedback and next picture, repeated.
+
+Every live episode of a turn goes to the engines in one batch. Each turn's prompt is built from
+token pieces (vlm.chat.ChatPrompter), so the model's earlier answers re-enter the context as the
+exact ids it sampled. An episode ends when the env says so, at `max_turns`, or with stop reason
+`length` when the next prompt plus an answer would not fit `max_input_length` (a picture is
+never cut). What the trainer needs comes out of `Episode.sequences()`: token ids, a loss mask
+that is 1 exactly on sampled tokens, the sampling log-probs and the pictures.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inference.requests import GenRequest, Sampling
+
+
+@dataclass
+class Task:
+    episode_id: str
+    group: int                  # GRPO group: the index of the prompt (maze) in the batch
+    init_state: dict | None = None
+    seed: int | None = None
+
+
+@dataclass
+class Turn:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    first_image: int            # the prompt holds pictures first_image .. this turn's picture
+    text: str
+    feedback: str = ""
+    valid_action: bool = True
+
+
+@dataclass
+class TrainSeq:
+    episode_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]       # sampling log-prob at each masked-in position, 0 elsewhere
+    images: list[np.ndarray]
+
+
+@dataclass
+class Episode:
+    episode_id: str
+    group: int
+    seed: int | None
+    turns: list[Turn] = field(default_factory=list)
+    images: list[np.ndarray] = field(default_factory=list)  # the picture shown at each turn
+    reward: float = 0.0
+    stop_reason: str = ""       # stop (the agent stopped) | truncated (max_turns) | length
+    adapter_version: int = 0
+    optimal_moves: int | None = None
+
+    @property
+    def solved(self) -> bool:
+        return self.reward > 0
+
+    @property
+    def invalid_actions(self) -> int:
+        return sum(not t.valid_action for t in self.turns)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(t.response_ids) for t in self.turns)
+
+    def sequences(self) -> list[TrainSeq]:
+        """Training sequences: a turn whose prompt extends the previous sequence joins it."""
+        seqs: list[TrainSeq] = []
+        for k, turn in enumerate(self.turns):
+            cur = seqs[-1] if seqs else None
+            if cur is not None and turn.prompt_ids[:len(cur.input_ids)] == cur.input_ids:
+                extra = turn.prompt_ids[len(cur.input_ids):]
+                cur.input_ids += extra + turn.response_ids
+                cur.loss_mask += [0] * len(extra) + [1] * len(turn.response_ids)
+                cur.logprobs += [0.0] * len(extra) + list(turn.logprobs)
+                cur.images = self.images[turn.first_image:k + 1]
+            else:
+                seqs.append(TrainSeq(self.episode_id, turn.prompt_ids + turn.response_ids,
+                                     [0] * len(turn.prompt_ids) + [1] * len(turn.response_ids),
+                                     [0.0] * len(turn.prompt_ids) + list(turn.logprobs),
+                                     self.images[turn.first_image:k + 1]))
+        return seqs
+
+
+class RolloutRunner:
+    """Runs episodes through a sampling client (`generate`) and an env pool (`env`)."""
+
+    def __init__(self, generate, env, prompter, max_turns: int, max_input_length: int,
+                 context_window_turns: int = 0):
+        self.generate, self.env, self.prompter = generate, env, prompter
+        self.max_turns, self.max_input_length, self.window = max_turns, max_input_length, context_window_turns
+
+    def run(self, tasks: list[Task], sampling: Sampling, expect_version: int, progress=None) -> list[Episode]:
+        episodes = {t.episode_id: Episode(t.episode_id, t.group, t.seed, adapter_version=expect_version)
+                    for t in tasks}
+        starts = self.env.reset([t.episode_id for t in tasks], seeds=[t.seed for t in tasks],
+                                init_states=[t.init_state for t in tasks])
+        pieces = {}  # episode id -> (user turn pieces, answers)
+        for s in starts:
+            ep = episodes[s["episode_id"]]
+            ep.images.append(s["image"])
+            pieces[ep.episode_id] = ([self.prompter.user_turn("")], [])
+        live = [t.episode_id for t in tasks]
+        for turn in range(self.max_turns):
+            requests, asking = [], []
+            for eid in live:
+                users, answers = pieces[eid]
+                ids, first = self.prompter.prompt(users, answers, self.window)
+                if len(ids) + sampling.max_new_tokens > self.max_input_length:
+                    episodes[eid].stop_reason = "length"
+                    continue
+                requests.append(GenRequest(prompt_ids=ids, images=episodes[eid].images[first:]))
+                asking.append((eid, ids, first))
+            if not asking:
+                break
+            seeded = sampling if sampling.seed is None else _with_seed(sampling, sampling.seed * 131 + turn)
+            results = self.generate(requests, seeded, expect_version)
+            for (eid, ids, first), res in zip(asking, results):
+                if res.adapter_version != expect_version:  # belt and braces: engines check too
+                    raise RuntimeError(f"episode {eid} was sampled with adapter v{res.adapter_version}, "
+                                       f"expected v{expect_version}")
+                episodes[eid].turns.append(Turn(ids, res.token_ids, res.logprobs, first, res.text))
+            steps = self.env.step([a[0] for a in asking], [r.text for r in results])
+            live = []
+            for (eid, _, _), st in zip(asking, steps):
+                ep = episodes[eid]
+                ep.turns[-1].feedback = st["info"]["feedback"]
+                ep.turns[-1].valid_action = st["info"]["valid_action"]
+                ep.reward += st["reward"]
+                if st["terminated"] or st["truncated"]:
+                    ep.stop_reason = "stop" if st["terminated"] else "truncated"
+                    continue
+                ep.images.append(st["image"])
+                users, answers = pieces[eid]
+                answers.append(ep.turns[-1].response_ids)
+                users.append(self.prompter.user_turn(st["info"]["feedback"]))
+                live.append(eid)
+            if progress is not None:
+                progress(turn, len(live))
+            if not live:
+                break
+        self.env.close(list(episodes))
+        return [episodes[t.episode_id] for t in tasks]
+
+
+def _with_seed(sampling: Sampling, seed: int) -> Sampling:
+    from dataclasses import replace
+    return replace(sampling, seed=seed)

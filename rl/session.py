@@ -1,0 +1,273 @@
+"""A training run's state and phases, so driver.py can read like the one-line flow.
+
+The session owns the config, the data, the actors (through their handles) and the adapter
+version. Sampling and training are separate clients: rollouts go through EngineClient, updates
+through the policy shards, and the only thing that crosses between them is a versioned adapter
+folder on shared storage.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from actors.handles import EngineClient, Sync, call_all
+from envs.dataset import load_rows, write_dataset
+from envs.prompt import INSTRUCTION
+from inference.requests import Sampling
+from rl.algorithm import compute_advantages
+from rl.batch import build_items, split_for_ranks
+from rl.evaluate import EvalReport, evaluate
+from rl.metrics import eval_metrics, rollout_metrics
+from rl.rollout import RolloutRunner, Task
+from rl.sampler import PromptSampler
+from settings.load import to_yaml
+from telemetry.run_log import RunLog
+from telemetry.timing import Phases
+from vlm.chat import ChatPrompter
+
+
+def resolve_device(cfg) -> str:
+    if cfg.trainer.device != "auto":
+        return cfg.trainer.device
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_datasets(cfg, eval_set: str | None = None) -> tuple[list[dict], list[dict]]:
+    """The run's train and eval rows; written first if the dataset folder is empty."""
+    d = Path(cfg.data.dataset_dir)
+    if not (d / "manifest.json").exists():
+        write_dataset(d, cfg.environment.env_class, cfg.data.train_size, cfg.data.eval_size, cfg.data.train_seed_start,
+                      cfg.data.eval_seed_start, cfg.generator.max_turns, cfg.data.solvable_only)
+    train_rows = load_rows(d / "train.jsonl")
+    eval_rows = load_rows(eval_set or cfg.data.eval_set or d / "eval.jsonl")
+    env_ids = {r["env_id"] for r in train_rows + eval_rows}
+    if env_ids != {cfg.environment.env_class}:
+        raise ValueError(f"dataset in {d} holds {sorted(env_ids)} but environment.env_class is "
+                         f"{cfg.environment.env_class}; point data.dataset_dir elsewhere or remake it")
+    return train_rows, eval_rows
+
+
+def make_prompter(processor, cfg) -> ChatPrompter:
+    from envs.maze import SIZES
+    side = SIZES[cfg.environment.env_class] * cfg.environment.cell_px
+    enc = processor.image_processor(images=[np.zeros((side, side, 3), np.uint8)], return_tensors="np")
+    merge = getattr(processor.image_processor, "merge_size", 1)
+    n_tokens = int(np.prod(enc["image_grid_thw"][0]) // (merge * merge))
+    return ChatPrompter(processor.tokenizer, n_tokens, INSTRUCTION)
+
+
+def eval_sampling(cfg) -> Sampling:
+    return Sampling(max_new_tokens=cfg.generator.eval_sampling_params.max_generate_length,
+                    temperature=cfg.generator.eval_sampling_params.temperature)
+
+
+class Session:
+    def __init__(self, cfg):
+        from vlm.load import resolve_model_path
+        from vlm.processor import load_processor
+
+        self.cfg, self.device = cfg, resolve_device(cfg)
+        t = cfg.trainer
+        self.run_dir = Path(t.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        self.train_rows, self.eval_rows = load_datasets(cfg)
+        self.processor = load_processor(resolve_model_path(t.policy.model.path, cfg.s3))
+        self.prompter = make_prompter(self.processor, cfg)
+        self.sampler = PromptSampler(self.train_rows, t.train_batch_size, t.seed)
+        self.total_steps = t.epochs * self.sampler.steps_per_epoch
+        self.step, self.version = 0, 0
+        self.adapter_dir = None
+        self.phases = Phases()
+        self.actors = None
+        self.log_file = None
+        self.restarts = 0
+
+    # ---- actors -------------------------------------------------------------------------------
+    def start_actors(self) -> None:
+        import ray
+
+        from actors.checkpointer import Checkpointer
+        from placement.launch import launch
+        from placement.plan import make_plan
+
+        cfg = self.cfg
+        self.plan = make_plan(cfg, use_gpu=self.device == "cuda")
+        self.actors = launch(cfg, self.plan, cfg.trainer.policy.model.path, self.total_steps)
+        self.actors.checkpointer = ray.remote(Checkpointer).options(
+            name="Checkpointer", namespace=cfg.ray.namespace, num_cpus=0).remote(
+            cfg.trainer.ckpt_path, cfg.s3, cfg.trainer.max_ckpts_to_keep)
+        self.engines = EngineClient(self.actors.engines)
+        self.runner = RolloutRunner(self.engines.generate, Sync(self.actors.env_pool), self.prompter,
+                                    cfg.generator.max_turns, cfg.generator.max_input_length,
+                                    cfg.generator.context_window_turns)
+
+    # ---- the phases of a step -----------------------------------------------------------------
+    def rollouts(self, rows: list[dict], step: int):
+        from envs.dataset import init_state
+        g = self.cfg.generator
+        tasks = [Task(f"s{step}-p{i}-n{k}", i, init_state(row), row["seed"])
+                 for i, row in enumerate(rows) for k in range(g.n_samples_per_prompt)]
+        sampling = Sampling(max_new_tokens=g.sampling_params.max_generate_length,
+                            temperature=g.sampling_params.temperature, top_p=g.sampling_params.top_p,
+                            seed=self.cfg.trainer.seed * 100_003 + step)
+        with self.phases("generate"):
+            self.engines.wake_up()
+            episodes = self.runner.run(tasks, sampling, self.version)
+        self._episodes_generate_s = self.phases.seconds["generate"]
+        return episodes
+
+    def advantages(self, episodes) -> np.ndarray:
+        a = self.cfg.trainer.algorithm
+        return compute_advantages(a.advantage_estimator, [ep.reward for ep in episodes], [ep.group for ep in episodes],
+                                  norm_by_std=a.grpo_norm_by_std)
+
+    def update(self, episodes, advantages) -> dict:
+        t, a = self.cfg.trainer, self.cfg.trainer.algorithm
+        temperature = self.cfg.generator.sampling_params.temperature
+        metrics = rollout_metrics(episodes, advantages, self.phases.seconds.get("generate", 0.0))
+        items = build_items(episodes, advantages, t.policy_mini_batch_size, a.loss_reduction,
+                            drop_zero_advantage=a.filter_zero_advantage_groups)
+        metrics["train/sequences"] = len(items)
+        if not items:
+            return metrics
+        if t.placement.colocate_all and self.cfg.generator.inference_engine.enable_sleep:
+            self.engines.sleep()  # free the engines' memory while the shards work
+        policy, ref = self.actors.policy, self.actors.ref
+        shards = split_for_ranks(items, len(policy))
+        if ref:
+            with self.phases("ref"):
+                ref_lp = call_all(ref, "logprobs", [(s, temperature, t.micro_forward_batch_size_per_gpu)
+                                                    for s in split_for_ranks(items, len(ref))])
+            _assign(split_for_ranks(items, len(ref)), ref_lp, "ref_logprobs")
+        if not a.use_rollout_logprobs:
+            with self.phases("old_logprobs"):
+                old = call_all(policy, "logprobs", [(s, temperature, t.micro_forward_batch_size_per_gpu) for s in shards])
+            rollout_lp = np.concatenate([it.old_logprobs for s in shards for it in s])
+            _assign(shards, old, "old_logprobs")
+            metrics["policy/rollout_logprob_diff"] = float(np.abs(
+                rollout_lp - np.concatenate([it.old_logprobs for s in shards for it in s])).mean())
+        with self.phases("train"):
+            algo = {k: getattr(a, k) for k in ("use_kl_loss", "kl_loss_coef", "kl_estimator_type", "eps_clip_low",
+                                               "eps_clip_high", "entropy_coef")}
+            results = call_all(policy, "train", [(s, algo, temperature, t.micro_train_batch_size_per_gpu,
+                                                  t.update_epochs_per_batch) for s in shards])
+        metrics |= {f"policy/{k}": v for k, v in results[0].items()}
+        return metrics
+
+    def sync_weights(self) -> dict:
+        """Write adapter v{n+1} atomically to shared storage, then hand every engine its path."""
+        with self.phases("sync"):
+            version = self.version + 1
+            folder = self.run_dir / "adapters" / f"v{version}"
+            call_all(self.actors.policy, "save_adapter", [(str(folder),)] * len(self.actors.policy))
+            self.engines.wake_up()
+            loaded = self.engines.load_adapter({"path": str(folder), "version": version})
+            if any(v != version for v in loaded):
+                raise RuntimeError(f"engines report adapter versions {loaded} after sync to v{version}")
+            self.version, self.adapter_dir = version, str(folder)
+            self._prune_adapters(keep=2)
+        load_s = max(st["last_adapter_load_s"] for st in self.engines.status())
+        return {"sync/adapter_version": version, "sync/adapter_load_s": load_s}
+
+    def _prune_adapters(self, keep: int) -> None:
+        versions = sorted(int(p.name[1:]) for p in (self.run_dir / "adapters").glob("v*") if p.name[1:].isdigit())
+        for v in versions[:-keep]:
+            shutil.rmtree(self.run_dir / "adapters" / f"v{v}", ignore_errors=True)
+
+    def evaluate(self) -> dict:
+        with self.phases("eval"):
+            self.engines.wake_up()
+            report = evaluate(self.runner, self.eval_rows, eval_sampling(self.cfg).max_new_tokens, self.version)
+        path = self.run_dir / "eval" / f"step_{self.step:05d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(m) + "\n" for m in report.per_maze))
+        self.last_eval = report
+        return eval_metrics(report)
+
+    def export(self, step: int) -> dict:
+        """{export_path}/global_step_N/policy/: the PEFT adapter the serve app reads."""
+        from storage import open_store
+        if self.adapter_dir is None:
+            return {}
+        with self.phases("export"):
+            open_store(self.cfg.trainer.export_path, self.cfg.s3).upload_dir(self.adapter_dir,
+                                                                             f"global_step_{step}/policy")
+        return {}
+
+    def checkpoint(self, step: int) -> dict:
+        return {}
+
+    def resume(self) -> None:
+        pass
+
+    def chaos_kill(self) -> None:
+        pass
+
+    # ---- logging ------------------------------------------------------------------------------
+    def log(self, step: int, metrics: dict) -> None:
+        if self.log_file is None:
+            self.log_file = RunLog(str(self.run_dir), resume_from_step=self.step)
+        self.log_file.log(step, metrics)
+
+    def step_line(self, step: int, m: dict) -> str:
+        solve = f" | eval solve {100 * m['eval/all/avg_score']:.1f}%" if "eval/all/avg_score" in m else ""
+        return (f"step {step}/{self.total_steps} | reward {m.get('reward/avg_raw_reward', 0):.3f}{solve} | "
+                f"{m['timing/step']:.1f}s (gen {m.get('timing/generate', 0):.1f}s, train {m.get('timing/train', 0):.1f}s)")
+
+    def finish(self) -> dict:
+        from telemetry.curve import plot_learning_curve, summary_line
+        history = self.log_file.history() if self.log_file else []
+        ceiling = getattr(getattr(self, "last_eval", None), "oracle_ceiling", None)
+        plot_learning_curve(history, str(self.run_dir / "learning_curve.png"), ceiling)
+        line = summary_line(history)
+        print(line)
+        print(f"run folder: {self.run_dir} (metrics.jsonl, tensorboard/, learning_curve.png, eval/)")
+        if self.log_file:
+            self.log_file.close()
+        return {"summary": line, "history": history}
+
+
+def _assign(shards, values, attr: str) -> None:
+    for shard, vals in zip(shards, values):
+        for item, v in zip(shard, vals):
+            setattr(item, attr, v)
+
+
+def evaluate_locally(cfg, eval_set: str | None, adapter: str | None) -> EvalReport:
+    """--eval-only: the engine and env pool in this process, no Ray needed."""
+    import tempfile
+
+    from actors.env_pool import EnvPool
+    from actors.vllm_engine import VLLMEngine
+    from storage import is_s3, open_store
+    from vlm.load import resolve_model_path
+    from vlm.processor import load_processor
+
+    _, eval_rows = load_datasets(cfg, eval_set)
+    device = resolve_device(cfg)
+    engine = VLLMEngine(cfg.trainer.policy.model.path, backend=cfg.generator.inference_engine.backend, device=device,
+                        s3_cfg=cfg.s3)
+    version = 0
+    if adapter:
+        folder = adapter
+        if is_s3(adapter):
+            folder = open_store(adapter, cfg.s3).download_dir("", tempfile.mkdtemp(prefix="visrl-adapter-"))
+        version = engine.load_adapter({"path": folder, "version": 1})
+    processor = load_processor(resolve_model_path(cfg.trainer.policy.model.path, cfg.s3))
+    runner = RolloutRunner(EngineClient([engine]).generate, EnvPool(cfg.environment.env_class, cfg.environment.cell_px,
+                                                                    cfg.generator.max_turns),
+                           make_prompter(processor, cfg), cfg.generator.max_turns, cfg.generator.max_input_length,
+                           cfg.generator.context_window_turns)
+    report = evaluate(runner, eval_rows, eval_sampling(cfg).max_new_tokens, version)
+    out = Path(cfg.trainer.run_dir) / "eval_only.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(m) + "\n" for m in report.per_maze))
+    print(f"per-maze results: {out}")
+    return report

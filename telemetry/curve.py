@@ -1,0 +1,48 @@
+"""learning_curve.png: eval solve rate and train reward by step, with the base model's rate and
+the oracle ceiling as reference lines, and the one-line summary printed at the end of a run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def eval_points(history: list[dict]) -> list[tuple[int, float]]:
+    return [(h["step"], h["eval/all/avg_score"]) for h in history if "eval/all/avg_score" in h]
+
+
+def summary_line(history: list[dict]) -> str:
+    points = eval_points(history)
+    if not points:
+        return "no evaluation was run"
+    base = points[0][1]
+    best_step, best = max(points, key=lambda p: (p[1], -p[0]))
+    last_step, last = points[-1]
+    return (f"solve rate: baseline {100 * base:.1f}% -> best {100 * best:.1f}% (step {best_step}), "
+            f"final {100 * last:.1f}% (step {last_step})")
+
+
+def plot_learning_curve(history: list[dict], out_path: str, oracle_ceiling: float | None = None) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = eval_points(history)
+    train = [(h["step"], h["reward/avg_raw_reward"]) for h in history if "reward/avg_raw_reward" in h]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    if train:
+        ax.plot(*zip(*train), color="tab:blue", alpha=0.55, label="train reward (mean)")
+    if points:
+        ax.plot(*zip(*points), "o-", color="tab:green", label="eval solve rate (greedy)")
+        ax.axhline(points[0][1], color="grey", ls="--", lw=1, label=f"base model {100 * points[0][1]:.1f}%")
+    if oracle_ceiling is not None:
+        ax.axhline(oracle_ceiling, color="black", ls=":", lw=1, label=f"oracle ceiling {100 * oracle_ceiling:.1f}%")
+    ax.set_xlabel("step")
+    ax.set_ylabel("rate")
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_title(summary_line(history), fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path)
+    plt.close(fig)
+    return out_path

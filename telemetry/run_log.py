@@ -1,0 +1,75 @@
+"""Per-run logging: one JSON line per step, the same values as TensorBoard scalars and as
+Ray metrics (Prometheus, scraped through the Ray Dashboard's metrics endpoint).
+
+Metric names follow SkyRL's (`policy/policy_loss`, `reward/avg_raw_reward`, `timing/generate`,
+`eval/all/avg_score`, ...). A resumed run appends to the same files; steps already logged are
+dropped first, so the history never holds a step twice or a gap.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+
+class RunLog:
+    def __init__(self, run_dir: str, resume_from_step: int = 0, tensorboard: bool = True, prometheus: bool = True):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        self._truncate_after(resume_from_step)
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=resume_from_step + 1)
+            except ImportError:
+                self.tb = None
+        self.gauges = {}
+        self.prometheus = prometheus
+
+    def _truncate_after(self, step: int) -> None:
+        if not self.path.exists():
+            return
+        keep = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        tmp.replace(self.path)
+
+    def log(self, step: int, metrics: dict) -> None:
+        clean = {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+                 for k, v in metrics.items()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, **clean}, sort_keys=True) + "\n")
+        numbers = {k: v for k, v in clean.items() if isinstance(v, float) and math.isfinite(v)}
+        if self.tb is not None:
+            for k, v in numbers.items():
+                self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+        if self.prometheus:
+            self._export(numbers)
+
+    def _export(self, numbers: dict) -> None:
+        try:
+            import ray
+            if not ray.is_initialized():
+                return
+            from ray.util.metrics import Gauge
+        except ImportError:
+            return
+        for k, v in numbers.items():
+            name = "visrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", k)
+            if name not in self.gauges:
+                self.gauges[name] = Gauge(name, description=f"visrl {k} (last step)")
+            self.gauges[name].set(v)
+
+    def history(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()

@@ -1,0 +1,21 @@
+"""Step latency by phase: `with phases("generate"): ...` adds to timing/<phase>."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+
+class Phases:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict:
+        return {f"timing/{k}": v for k, v in self.seconds.items()}

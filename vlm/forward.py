@@ -1,0 +1,76 @@
+"""Batched forward passes over training sequences: per-token log-probs of the sampled tokens.
+
+Sequences are right-padded into one batch with their pictures; only the masked-in (sampled)
+positions are scored, so the vocabulary-wide log-softmax runs on those rows alone (a real
+Qwen3-VL has 152k tokens). Every per-token quantity in the trainer is a flat vector in this
+order: sequence by sequence, masked-in positions left to right.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def collate(seqs, processor, device: str, dtype=torch.float32) -> dict:
+    tok = processor.tokenizer
+    image_token_id = tok.convert_tokens_to_ids("<|image_pad|>")
+    width = max(len(s.input_ids) for s in seqs)
+    ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for row, s in enumerate(seqs):
+        n = len(s.input_ids)
+        ids[row, :n] = torch.tensor(s.input_ids)
+        attn[row, :n] = 1
+        mask[row, :n] = torch.tensor(s.loss_mask)
+    batch = {"input_ids": ids.to(device), "attention_mask": attn.to(device),
+             "mm_token_type_ids": (ids == image_token_id).long().to(device), "loss_mask": mask.to(device)}
+    images = [img for s in seqs for img in s.images]
+    if images:
+        enc = processor.image_processor(images=images, return_tensors="pt")
+        batch["pixel_values"] = enc["pixel_values"].to(device, dtype)
+        batch["image_grid_thw"] = enc["image_grid_thw"].to(device)
+    return batch
+
+
+def sampled_logprobs(model, batch: dict, temperature: float = 1.0, with_distribution: bool = False):
+    """Log-probs (flat, masked-in positions) of the tokens in the batch under `model`; with
+    `with_distribution`, also the full log-softmax rows of those positions (for the entropy)."""
+    inputs = {k: v for k, v in batch.items() if k != "loss_mask"}
+    logits = model(**inputs, use_cache=False).logits
+    # position t predicts token t+1: score token t with the logits of position t-1
+    target_mask = batch["loss_mask"][:, 1:].bool()
+    rows = logits[:, :-1][target_mask].float() / temperature
+    targets = batch["input_ids"][:, 1:][target_mask]
+    logp_all = torch.log_softmax(rows, -1)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    return logp, (logp_all if with_distribution else None)
+
+
+def masked_counts(seqs) -> list[int]:
+    """How many scored tokens each sequence contributes (its first token is never scored)."""
+    return [sum(s.loss_mask[1:]) for s in seqs]
+
+
+def agree_max(n: int, world_size: int, device: str) -> int:
+    """The largest n over the process group: FSDP ranks must run the same number of passes."""
+    if world_size == 1:
+        return n
+    import torch.distributed as dist
+    t = torch.tensor([n], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+@torch.no_grad()
+def score_items(model, processor, items, micro_batch: int, device: str, dtype, temperature: float,
+                world_size: int = 1) -> list:
+    """Per-item arrays of sampled-token log-probs, micro-batched, in step with the other ranks."""
+    import numpy as np
+    chunks = [items[i:i + micro_batch] for i in range(0, len(items), micro_batch)]
+    out = []
+    for k in range(agree_max(len(chunks), world_size, device)):
+        chunk = chunks[k] if k < len(chunks) else items[:micro_batch]  # a pass whose result is dropped
+        logp, _ = sampled_logprobs(model, collate([it.seq for it in chunk], processor, device, dtype), temperature)
+        if k < len(chunks):
+            out += np.split(logp.float().cpu().numpy(), np.cumsum([it.n_scored for it in chunk])[:-1])
+    return out
