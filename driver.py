@@ -56,6 +56,7 @@ def train(cfg, chaos_kill_every: int = 0) -> dict:
     bar = tqdm(range(s.step + 1, s.total_steps + 1), desc="GRPO", unit="step", initial=s.step, total=s.total_steps)
     for step in bar:
         started = time.perf_counter()
+        s.phases.reset()
         rows, epoch = s.sampler.next_batch()
         episodes = s.rollouts(rows, step)                 # VLLMEngine x N + EnvPool
         advantages = s.advantages(episodes)               # group-relative (GRPO)

@@ -20,7 +20,12 @@ SPLITS = ("train", "eval")
 def make_rows(env_id: str, seed_start: int, count: int, max_turns: int, solvable_only: bool,
               seed_limit: int | None = None):
     """Return (rows, seeds scanned). Seeds are scanned upwards from seed_start."""
-    env = MazeEnv(size=SIZES[env_id], cell_px=4, max_turns=max_turns)
+    size = SIZES[env_id]
+    shortest = 2 * (size - 3)  # start and goal are opposite inner corners
+    if solvable_only and shortest + 1 > max_turns:
+        raise ValueError(f"no {env_id} maze is solvable within max_turns={max_turns}: every route needs at least "
+                         f"{shortest} moves plus the stop; raise generator.max_turns or set data.solvable_only=false")
+    env = MazeEnv(size=size, cell_px=4, max_turns=max_turns)
     rows, seed = [], seed_start
     while len(rows) < count:
         if seed_limit is not None and seed >= seed_limit:

@@ -24,6 +24,11 @@ class HFBackend:
         merge = getattr(processor.image_processor, "merge_size", 1)
         self.tokens_per_patch_group = merge * merge
         self.peft = None
+        # Markup the model must never emit: a stray <|image_pad|> in an answer would re-enter the
+        # next prompt as a picture placeholder with no picture behind it.
+        self.suppress = [i for i in self.tok.convert_tokens_to_ids(
+            ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|im_start|>",
+             self.tok.pad_token]) if i is not None and i != self.tok.unk_token_id]
 
     # ---- requests -------------------------------------------------------------------------
     def _tokenize_messages(self, req: GenRequest) -> GenRequest:
@@ -86,7 +91,7 @@ class HFBackend:
             mm_token_type_ids=(ids == self.image_token_id).long().to(self.device), **vision,
             max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
             temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
-            top_k=None, eos_token_id=self.end_id, pad_token_id=self.pad_id,
+            top_k=None, eos_token_id=self.end_id, pad_token_id=self.pad_id, suppress_tokens=self.suppress,
             output_logits=True, return_dict_in_generate=True)
         new = gen.sequences[:, width:].cpu()
         logits = torch.stack(gen.logits, 1).float().cpu()

@@ -17,5 +17,8 @@ class Phases:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
+    def reset(self) -> None:
+        self.seconds = {}
+
     def metrics(self) -> dict:
         return {f"timing/{k}": v for k, v in self.seconds.items()}

@@ -1,0 +1,27 @@
+"""Runs in spawned processes for test_fsdp.py: one FSDPPolicyShard rank trains on its share."""
+import os
+import pickle
+
+
+def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
+    import torch
+    torch.set_num_threads(1)
+    from actors.policy_shard import FSDPPolicyShard
+    from rl.batch import split_for_ranks
+
+    with open(items_path, "rb") as f:
+        items = pickle.load(f)  # written by the test itself
+    shard = FSDPPolicyShard(model_dir, rank=rank, world_size=world_size, device="cpu",
+                            lora={"rank": 4, "alpha": 8}, optimizer={"lr": 1e-2}, seed=0)
+    shard.setup("127.0.0.1", port)
+    algo = {"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_estimator_type": "k3", "eps_clip_low": 0.2,
+            "eps_clip_high": 0.2, "entropy_coef": 0.0}
+    mine = split_for_ranks(items, world_size)[rank]
+    before = shard.logprobs(mine, 1.0, micro_batch=2)
+    metrics = shard.train(mine, algo, 1.0, micro_batch=2, epochs=1)
+    shard.save_adapter(os.path.join(out_dir, "adapter"))
+    state = shard.state_dict()
+    if rank == 0:
+        with open(os.path.join(out_dir, "result.pkl"), "wb") as f:
+            pickle.dump({"metrics": metrics, "before": before, "optimizer_steps": state["optimizer_steps"]}, f)
+    shard.shutdown()

@@ -1,0 +1,56 @@
+"""The algorithm module against hand-computed values."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rl.algorithm import compute_advantages, entropy, kl_penalty, ppo_clip_loss
+
+
+def test_grpo_hand_computed():
+    # group 0: scores 1, 0, 0, 1 -> mean 0.5, unbiased std = sqrt(1/3)
+    adv = compute_advantages("grpo", [1, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 1])
+    s = math.sqrt(1 / 3)
+    np.testing.assert_allclose(adv[:4], [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.5 / (s + 1e-6)])
+    assert list(adv[4:]) == [0.0, 0.0]  # all-equal group: exactly zero, no NaN
+
+
+def test_dr_grpo_and_rloo_hand_computed():
+    np.testing.assert_allclose(compute_advantages("grpo", [1, 0, 0, 0], [0] * 4, norm_by_std=False),
+                               [0.75, -0.25, -0.25, -0.25])
+    # RLOO: 1 - mean(0,0,0) = 1; 0 - mean(1,0,0) = -1/3
+    np.testing.assert_allclose(compute_advantages("rloo", [1, 0, 0, 0], [0] * 4), [1, -1 / 3, -1 / 3, -1 / 3])
+
+
+def test_tiny_std_does_not_blow_up():
+    adv = compute_advantages("grpo", [1.0, 1.0 + 1e-12, 1.0], [0, 0, 0])
+    assert np.all(np.isfinite(adv)) and np.abs(adv).max() < 1e-3
+    with pytest.raises(ValueError, match="known: grpo"):
+        compute_advantages("gae", [1], [0])
+
+
+def test_kl_estimators_hand_computed():
+    logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    d = logp - ref  # 0.5, -1.0
+    torch.testing.assert_close(kl_penalty(logp, ref, "k1"), d)
+    torch.testing.assert_close(kl_penalty(logp, ref, "k2"), 0.5 * d ** 2)
+    torch.testing.assert_close(kl_penalty(logp, ref, "k3"), torch.exp(-d) + d - 1)
+    assert (kl_penalty(torch.randn(100), torch.randn(100), "k3") >= 0).all()
+
+
+def test_ppo_clip_hand_computed():
+    old = torch.zeros(3)
+    logp = torch.log(torch.tensor([1.5, 0.5, 1.1]))  # ratios 1.5, 0.5, 1.1
+    adv = torch.tensor([1.0, -1.0, 2.0])
+    loss, clipped, _ = ppo_clip_loss(logp, old, adv, 0.2, 0.2)
+    # A>0, r=1.5: max(-1.5, -1.2) = -1.2 (clipped); A<0, r=0.5: max(0.5, 0.8) = 0.8 (clipped); r=1.1: -2.2
+    torch.testing.assert_close(loss, torch.tensor([-1.2, 0.8, -2.2]))
+    assert clipped.tolist() == [True, True, False]
+    _, clipped_high, _ = ppo_clip_loss(logp, old, adv, 0.2, 0.6)  # a wider upper clip lets 1.5 through
+    assert clipped_high.tolist() == [False, True, False]
+
+
+def test_entropy_hand_computed():
+    uniform = torch.log(torch.full((1, 4), 0.25))
+    torch.testing.assert_close(entropy(uniform), torch.tensor([math.log(4)]))

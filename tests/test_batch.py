@@ -1,0 +1,38 @@
+"""Mini-batches count prompts; token weights give token_mean / sequence_mean over a mini-batch."""
+import numpy as np
+
+from rl.batch import build_items, split_for_ranks
+from rl.rollout import Episode, Turn
+
+
+def episode(eid, group, answers, reward):
+    ep = Episode(eid, group, None, reward=reward)
+    for k, n in enumerate(answers):
+        ep.images.append(np.zeros((2, 2, 3), np.uint8))
+        ep.turns.append(Turn([1, 2, 3], list(range(10, 10 + n)), [-0.1] * n, k, "x"))
+    return ep
+
+
+def test_weights_sum_to_one_per_minibatch_for_both_reductions():
+    eps = [episode("a", 0, [2, 3], 1.0), episode("b", 0, [4], 0.0), episode("c", 1, [1], 1.0), episode("d", 1, [5], 0.0)]
+    adv = [1.0, -1.0, 1.0, -1.0]
+    for reduction in ("token_mean", "sequence_mean"):
+        items = build_items(eps, adv, prompts_per_minibatch=1, reduction=reduction)
+        for m in (0, 1):
+            total = sum(it.token_weight * it.n_scored for it in items if it.minibatch == m)
+            assert abs(total - 1.0) < 1e-9, (reduction, m, total)
+    seq = build_items(eps, adv, 2, "sequence_mean")
+    # one mini-batch of 4 episodes: each episode's tokens share 1/4
+    per_episode = {}
+    for it in seq:
+        per_episode[it.seq.episode_id] = per_episode.get(it.seq.episode_id, 0) + it.token_weight * it.n_scored
+    assert all(abs(v - 0.25) < 1e-9 for v in per_episode.values())
+
+
+def test_zero_advantage_groups_can_be_dropped_and_ranks_split_evenly():
+    eps = [episode(str(i), i // 2, [2], float(i % 2)) for i in range(8)]
+    items = build_items(eps, [0.0, 0.0, 1, -1, 0.0, 0.0, 1, -1], 4, "token_mean", drop_zero_advantage=True)
+    assert {it.seq.episode_id for it in items} == {"2", "3", "6", "7"}
+    shards = split_for_ranks(items, 3)
+    assert sorted(len(s) for s in shards) == [1, 1, 2] and sum(len(s) for s in shards) == 4
+    assert np.allclose(items[0].old_logprobs, [-0.1, -0.1])

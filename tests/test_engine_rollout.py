@@ -1,0 +1,122 @@
+"""The hf engine and the multi-turn rollout: batching, adapters and versions, the loss mask."""
+import numpy as np
+import pytest
+import torch
+
+from actors.env_pool import EnvPool
+from actors.handles import EngineClient
+from actors.vllm_engine import StaleAdapterError, VLLMEngine
+from envs.maze import MazeEnv
+from envs.prompt import INSTRUCTION
+from inference.requests import GenRequest, Sampling
+from rl.rollout import RolloutRunner, Task
+from vlm.chat import ChatPrompter
+from vlm.processor import load_processor
+
+GREEDY = Sampling(max_new_tokens=6, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return VLLMEngine(tiny_model_dir, backend="hf", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def prompter(tiny_model_dir):
+    return ChatPrompter(load_processor(tiny_model_dir).tokenizer, 81, INSTRUCTION)
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_model_dir, tmp_path_factory):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+    torch.manual_seed(1)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    out = tmp_path_factory.mktemp("adapter")
+    peft.save_pretrained(out)
+    return str(out)
+
+
+def requests_for(prompter, seeds, feedbacks):
+    reqs = []
+    for seed, fb in zip(seeds, feedbacks):
+        env = MazeEnv(cell_px=16)
+        image, _ = env.reset(seed=seed)
+        users = [prompter.user_turn(""), prompter.user_turn(fb)]
+        answer = prompter.tok.encode("<action>up</action>", add_special_tokens=False)
+        ids, _ = prompter.prompt(users, [answer], window=0 if fb else 1)
+        n_images = 2 if fb else 1
+        reqs.append(GenRequest(prompt_ids=ids, images=[image] * n_images))
+    return reqs
+
+
+def test_batched_equals_unbatched_under_greedy(engine, prompter):
+    # mixed prompt lengths and picture counts in one batch
+    reqs = requests_for(prompter, [1, 2, 3, 4], ["", "Moved up.", "Cannot move into a wall.", ""])
+    batched = engine.generate(reqs, GREEDY)
+    single = [engine.generate([r], GREEDY)[0] for r in reqs]
+    assert [b.token_ids for b in batched] == [s.token_ids for s in single]
+    for b, s in zip(batched, single):
+        np.testing.assert_allclose(b.logprobs, s.logprobs, atol=1e-4)
+        assert len(b.logprobs) == len(b.token_ids) and all(lp <= 0 for lp in b.logprobs)
+
+
+def test_adapter_changes_outputs_and_version_is_recorded(tiny_model_dir, adapter_dir, prompter):
+    engine = VLLMEngine(tiny_model_dir, backend="hf", device="cpu")
+    reqs = requests_for(prompter, [5, 6, 7], ["", "", ""])
+    base = engine.generate(reqs, GREEDY)
+    assert all(r.adapter_version == 0 for r in base)
+    assert engine.load_adapter({"path": adapter_dir, "version": 3}) == 3
+    tuned = engine.generate(reqs, GREEDY, expect_version=3)
+    assert all(r.adapter_version == 3 for r in tuned)
+    assert [r.logprobs for r in tuned] != [r.logprobs for r in base]
+    with pytest.raises(StaleAdapterError, match="v3"):
+        engine.generate(reqs, GREEDY, expect_version=2)
+    with pytest.raises(StaleAdapterError):
+        engine.load_adapter({"path": adapter_dir, "version": 1})
+    engine.sleep()
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(reqs, GREEDY)
+    engine.wake_up()
+    assert engine.generate(reqs[:1], GREEDY, expect_version=3)[0].token_ids == tuned[0].token_ids
+
+
+def test_cut_picture_is_refused(engine, prompter):
+    req = requests_for(prompter, [1], [""])[0]
+    req.prompt_ids = req.prompt_ids[:-20]  # drops image tokens' tail together with the header
+    cut = GenRequest(prompt_ids=[t for t in req.prompt_ids][:60], images=req.images)
+    with pytest.raises(ValueError, match="image tokens"):
+        engine.generate([cut], GREEDY)
+
+
+@pytest.mark.parametrize("window", [0, 1, 2])
+def test_loss_mask_covers_exactly_the_models_turns(engine, prompter, window):
+    tok = prompter.tok
+    runner = RolloutRunner(EngineClient([engine]).generate, EnvPool("maze_2d/easy", 16, 6), prompter, 6, 8192, window)
+    episodes = runner.run([Task(f"e{i}", i, seed=i) for i in range(4)],
+                          Sampling(max_new_tokens=5, temperature=1.0, seed=7), 0)
+    image_id = tok.convert_tokens_to_ids("<|image_pad|>")
+    for ep in episodes:
+        assert ep.stop_reason in ("stop", "truncated") and 1 <= len(ep.turns) <= 6
+        seqs = ep.sequences()
+        assert len(seqs) == (1 if window == 0 else len(ep.turns) if window == 1 else len(seqs))
+        masked_in = [t for s in seqs for t, m in zip(s.input_ids, s.loss_mask) if m]
+        assert masked_in == [t for turn in ep.turns for t in turn.response_ids]
+        assert tok.decode(masked_in) == "".join(tok.decode(t.response_ids) for t in ep.turns)
+        for s in seqs:
+            assert len(s.input_ids) == len(s.loss_mask) == len(s.logprobs)
+            assert s.input_ids.count(image_id) == 81 * len(s.images)  # every picture in full
+            outside = tok.decode([t for t, m in zip(s.input_ids, s.loss_mask) if not m])
+            assert INSTRUCTION in outside
+            lp = [l for l, m in zip(s.logprobs, s.loss_mask) if m]
+            assert all(l <= 0 for l in lp) and len(lp) == sum(s.loss_mask)
+        for turn in ep.turns[:-1]:
+            assert turn.feedback and turn.feedback not in tok.decode(turn.response_ids)
+
+
+def test_length_limit_ends_the_episode_without_cutting_a_picture(engine, prompter):
+    runner = RolloutRunner(EngineClient([engine]).generate, EnvPool("maze_2d/easy", 16, 10), prompter, 10, 260, 0)
+    [ep] = runner.run([Task("long", 0, seed=3)], Sampling(max_new_tokens=5, temperature=1.0, seed=1), 0)
+    assert ep.stop_reason == "length" and ep.reward == 0
+    assert all(len(t.prompt_ids) + 5 <= 260 for t in ep.turns)

@@ -1,0 +1,106 @@
+"""A 2-shard FSDP2 policy on CPU (gloo) matches one shard, and a plain model, on the same batch."""
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from rl.batch import build_items
+from rl.rollout import Episode, Turn
+from vlm.sharding import free_port
+
+
+def make_items(model_dir):
+    from actors.env_pool import EnvPool
+    from envs.prompt import INSTRUCTION
+    from vlm.chat import ChatPrompter
+    from vlm.processor import load_processor
+    tok = load_processor(model_dir).tokenizer
+    prompter = ChatPrompter(tok, 81, INSTRUCTION)
+    pool = EnvPool("maze_2d/easy", 16, 15)
+    episodes = []
+    for i in range(8):
+        start = pool.reset([f"e{i}"], seeds=[i])[0]
+        ep = Episode(f"e{i}", i // 4, i, reward=float(i % 3 == 0))
+        ep.images.append(start["image"])
+        answer = tok.encode("<action>" + ["up", "down", "left"][i % 3] + "</action>", add_special_tokens=False) + [2]
+        ep.turns.append(Turn(prompter.prompt([prompter.user_turn("")], [], 1)[0], answer, [-1.0] * len(answer), 0, ""))
+        episodes.append(ep)
+    from rl.algorithm import compute_advantages
+    adv = compute_advantages("grpo", [e.reward for e in episodes], [e.group for e in episodes])
+    items = build_items(episodes, adv, prompts_per_minibatch=1, reduction="token_mean")
+    rng = np.random.default_rng(0)
+    for it in items:  # a reference policy that differs a little, so the KL term has a gradient
+        it.ref_logprobs = (it.old_logprobs + rng.normal(0, 0.1, it.n_scored)).astype(np.float32)
+    return items
+
+
+def train_with(world_size, model_dir, tmp_path, items):
+    from tests.fsdp_worker import run_rank
+    items_path = tmp_path / "items.pkl"
+    items_path.write_bytes(pickle.dumps(items))
+    out = tmp_path / f"w{world_size}"
+    out.mkdir()
+    mp.start_processes(run_rank, args=(world_size, free_port(), model_dir, str(items_path), str(out)),
+                       nprocs=world_size, start_method="spawn", join=True)
+    result = pickle.loads((out / "result.pkl").read_bytes())
+    return result, load_file(str(out / "adapter" / "adapter_model.safetensors"))
+
+
+def test_two_shards_match_one(tiny_model_dir, tmp_path):
+    items = make_items(tiny_model_dir)
+    one, lora_one = train_with(1, tiny_model_dir, tmp_path, items)
+    two, lora_two = train_with(2, tiny_model_dir, tmp_path, items)
+    assert one["optimizer_steps"] == two["optimizer_steps"] == 2  # two mini-batches of one prompt each
+    for key in ("policy_loss", "policy_kl", "grad_norm", "entropy"):
+        assert abs(one["metrics"][key] - two["metrics"][key]) < 1e-4 * max(1, abs(one["metrics"][key])), key
+    assert lora_one.keys() == lora_two.keys() and any("lora_B" in k for k in lora_one)
+    moved = 0
+    for k in lora_one:
+        torch.testing.assert_close(lora_one[k], lora_two[k], atol=2e-5, rtol=1e-4)
+        moved += int("lora_B" in k and lora_one[k].abs().sum() > 0)  # B starts at zero: training moved it
+    assert moved > 0
+
+
+def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path):
+    """Two FSDP2 shards give the LoRA update of one plain (unwrapped) PEFT model trained by hand."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    from rl.algorithm import kl_penalty, ppo_clip_loss
+    from vlm.forward import collate, sampled_logprobs
+    from vlm.load import load_model
+    items = make_items(tiny_model_dir)
+    two, lora_two = train_with(2, tiny_model_dir, tmp_path, items)
+    torch.manual_seed(0)
+    base, processor = load_model(tiny_model_dir)
+    for p in base.parameters():
+        p.requires_grad_(False)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0)
+    first_loss = None
+    for m in (0, 1):
+        chunk = [it for it in items if it.minibatch == m]
+        logp, _ = sampled_logprobs(model, collate([it.seq for it in chunk], processor, "cpu"))
+        counts = [it.n_scored for it in chunk]
+
+        def flat(values):
+            return torch.tensor(np.concatenate([np.full(c, v) for c, v in zip(counts, values)]), dtype=torch.float32)
+
+        w, adv = flat([it.token_weight for it in chunk]), flat([it.advantage for it in chunk])
+        old = torch.tensor(np.concatenate([it.old_logprobs for it in chunk]))
+        ref = torch.tensor(np.concatenate([it.ref_logprobs for it in chunk]))
+        pg, _, _ = ppo_clip_loss(logp, old, adv)
+        loss = (pg * w).sum() + 0.1 * (kl_penalty(logp, ref, "k3") * w).sum()
+        first_loss = first_loss if first_loss is not None else float((pg * w).sum().detach())
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+    plain = get_peft_model_state_dict(model)
+    assert plain.keys() == lora_two.keys()
+    for k in plain:
+        torch.testing.assert_close(plain[k], lora_two[k], atol=5e-5, rtol=1e-4)
+    assert np.isfinite(first_loss)
