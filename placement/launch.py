@@ -31,7 +31,8 @@ class ActorSet:
         return named
 
 
-def _options(groups, pool, bundle_index, slot, namespace):
+def slot_options(groups, pool, bundle_index, slot, namespace) -> dict:
+    """Ray actor options that put an actor into its bundle of the plan."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     return {"name": slot.name, "namespace": namespace, "num_cpus": slot.num_cpus, "num_gpus": slot.num_gpus,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
@@ -52,12 +53,12 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
     threads = max(1, int(t.placement.cpus_per_bundle)) if device == "cpu" else None
     dtype = "bfloat16" if device == "cuda" else "float32"
     try:
-        policy = [ray.remote(FSDPPolicyShard).options(**_options(groups, pool, i, slot, ns)).remote(
+        policy = [ray.remote(FSDPPolicyShard).options(**slot_options(groups, pool, i, slot, ns)).remote(
             model_path, rank=slot.rank, world_size=len(plan.slots("policy")), device=device,
             lora=asdict(t.policy.model.lora), optimizer=asdict(t.policy.optimizer_config),
             total_steps=total_steps, seed=t.seed, cpu_offload=t.policy.fsdp_config.cpu_offload,
             s3_cfg=cfg.s3, threads=threads, dtype=dtype) for pool, i, slot in plan.slots("policy")]
-        ref = [ray.remote(RefShard).options(**_options(groups, pool, i, slot, ns)).remote(
+        ref = [ray.remote(RefShard).options(**slot_options(groups, pool, i, slot, ns)).remote(
             model_path, rank=slot.rank, world_size=len(plan.slots("ref")), device=device,
             cpu_offload=t.ref.fsdp_config.cpu_offload, s3_cfg=cfg.s3, threads=threads, dtype=dtype)
             for pool, i, slot in plan.slots("ref")]
@@ -67,7 +68,7 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
                              "gpu_memory_utilization": g.inference_engine.gpu_memory_utilization,
                              "max_lora_rank": t.policy.model.lora.rank,
                              "engine_init_kwargs": dict(g.inference_engine.engine_init_kwargs)}
-        engines = [ray.remote(VLLMEngine).options(**_options(groups, pool, i, slot, ns)).remote(
+        engines = [ray.remote(VLLMEngine).options(**slot_options(groups, pool, i, slot, ns)).remote(
             model_path, backend=g.inference_engine.backend, device=device, rank=slot.rank, dtype=dtype,
             s3_cfg=cfg.s3, threads=threads, **engine_kwargs) for pool, i, slot in plan.slots("engine")]
         env_pool = ray.remote(EnvPool).options(name="EnvPool", namespace=ns, num_cpus=0).remote(
