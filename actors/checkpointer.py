@@ -123,21 +123,40 @@ class Checkpointer:
             return f"incomplete ({e})"
         return None
 
-    def load(self, step: int, adapter_out: str) -> tuple[dict, dict]:
-        """(trainer_state, policy_state); the adapter files are copied to `adapter_out`."""
+    def load_trainer_state(self, step: int) -> dict:
+        self._require(step)
+        return json.loads(self.store.get_bytes(f"{step_dir(step)}/trainer_state.json"))
+
+    def load_policy_state(self, step: int, adapter_out: str) -> dict:
+        """Optimizer/scheduler state plus the LoRA tensors; the adapter is also copied to adapter_out."""
+        from safetensors.torch import load
+
+        self._require(step)
+        d = step_dir(step)
+        state = torch.load(io.BytesIO(self.store.get_bytes(f"{d}/policy/optimizer.pt")), weights_only=True)
+        out = Path(adapter_out)
+        tmp = out.with_name(f".{out.name}.restore.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in ("adapter_model.safetensors", "adapter_config.json"):
+            (tmp / name).write_bytes(self.store.get_bytes(f"{d}/policy/{name}"))
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        state["lora"] = load((out / "adapter_model.safetensors").read_bytes())
+        return state
+
+    def _require(self, step: int) -> None:
         problem = self.verify(step)
         if problem:
             raise CheckpointError(f"checkpoint {self.path}/{step_dir(step)} cannot be loaded: {problem}")
-        from safetensors.torch import load
 
-        d = step_dir(step)
-        trainer_state = json.loads(self.store.get_bytes(f"{d}/trainer_state.json"))
-        opt = torch.load(io.BytesIO(self.store.get_bytes(f"{d}/policy/optimizer.pt")), weights_only=True)
-        Path(adapter_out).mkdir(parents=True, exist_ok=True)
-        for name in ("adapter_model.safetensors", "adapter_config.json"):
-            (Path(adapter_out) / name).write_bytes(self.store.get_bytes(f"{d}/policy/{name}"))
-        lora = load((Path(adapter_out) / "adapter_model.safetensors").read_bytes())
-        return trainer_state, {"lora": lora, **opt}
+
+def parse_step_path(path: str) -> tuple[str, int]:
+    """'.../global_step_20' -> ('...', 20), for trainer.resume_path."""
+    head, _, name = str(path).rstrip("/").rpartition("/")
+    if not name.startswith("global_step_") or not name[len("global_step_"):].isdigit():
+        raise CheckpointError(f"trainer.resume_path must end in global_step_N, got '{path}'")
+    return head, int(name[len("global_step_"):])
 
 
 def _sha256(data: bytes) -> str:

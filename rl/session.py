@@ -202,13 +202,50 @@ class Session:
         return {}
 
     def checkpoint(self, step: int) -> dict:
-        return {}
+        """Full training state to trainer.ckpt_path; a failed save is reported, and stops the run
+        only with trainer.fail_on_ckpt_error."""
+        from actors.checkpointer import CheckpointError
+        from actors.handles import call
+        with self.phases("ckpt"):
+            policy_state = call_all(self.actors.policy, "state_dict")[0]
+            trainer_state = {"global_step": step, "adapter_version": self.version, "total_steps": self.total_steps,
+                             "sampler": self.sampler.state_dict(), "policy_world_size": len(self.actors.policy),
+                             "config": to_yaml(self.cfg)}
+            try:
+                info = call(self.actors.checkpointer, "save", step, trainer_state, policy_state, self.adapter_dir)
+            except CheckpointError as e:
+                if self.cfg.trainer.fail_on_ckpt_error:
+                    raise
+                print(f"WARNING: checkpoint at step {step} failed, training goes on: {e}", flush=True)
+                return {"ckpt/failed": 1.0}
+        return {"ckpt/failed": 0.0, "ckpt/save_s": info["seconds"], "ckpt/bytes": info["bytes"]}
 
     def resume(self) -> None:
-        pass
-
-    def chaos_kill(self) -> None:
-        pass
+        """Continue from the newest complete checkpoint (resume_mode=latest) or a given one."""
+        from actors.checkpointer import Checkpointer, parse_step_path
+        from actors.handles import call
+        t = self.cfg.trainer
+        if t.resume_mode == "none":
+            return
+        if t.resume_mode == "from_path":
+            root, step = parse_step_path(t.resume_path)
+            source = Checkpointer(root, self.cfg.s3)
+        else:
+            source, step = self.actors.checkpointer, call(self.actors.checkpointer, "latest")
+            if step is None:
+                return
+        with self.phases("restore"):
+            trainer_state = call(source, "load_trainer_state", step)
+            version = int(trainer_state["adapter_version"])
+            folder = self.run_dir / "adapters" / f"v{version}"
+            policy_state = call(source, "load_policy_state", step, str(folder))
+            call_all(self.actors.policy, "load_state_dict", [(policy_state,)] * len(self.actors.policy))
+            if version:
+                self.engines.load_adapter({"path": str(folder), "version": version})
+            self.sampler.load_state_dict(trainer_state["sampler"])
+            self.step, self.version, self.adapter_dir = int(trainer_state["global_step"]), version, str(folder)
+        print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {self.step} "
+              f"(adapter v{version}) in {self.phases.seconds['restore']:.1f}s", flush=True)
 
     # ---- logging ------------------------------------------------------------------------------
     def log(self, step: int, metrics: dict) -> None:

@@ -6,6 +6,10 @@ import torch
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 turns dashboard token auth on by default
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Credentials for the local S3 server, set before any Ray worker starts so workers inherit them.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 TINY = dict(text_hidden=32, text_layers=1, text_heads=2, text_kv_heads=1, text_intermediate=64,
@@ -20,3 +24,59 @@ def tiny_model_dir(tmp_path_factory):
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return str(out)
+
+
+class S3Server:
+    """A real S3-compatible server (moto's) in a child process, on a free local port."""
+
+    def __init__(self):
+        import socket
+        import subprocess
+        import sys
+        import time
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import urllib.request
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(self.url + "/moto-api/", timeout=1)
+                break
+            except Exception:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("moto server did not start")
+
+    def client(self):
+        import boto3
+        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1")
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+def make_adapter(model_dir, out_dir, seed, rank=4, scale=1.0):
+    """A PEFT LoRA adapter with random (non-zero) weights, so it changes the model's outputs."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir)
+    peft = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear",
+                                            init_lora_weights=False))
+    with torch.no_grad():
+        for n, p in peft.named_parameters():
+            if "lora_B" in n:
+                p.mul_(scale)
+    peft.save_pretrained(out_dir)
+    return str(out_dir)

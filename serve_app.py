@@ -1,0 +1,229 @@
+"""Serve many LoRA adapters over one resident base model, with an OpenAI-compatible API.
+
+    serve run serve_app:app                                    embedded base, adapters from runs/default/exports
+    serve run serve_app:app dynamic_lora_loading_path=s3://bucket/adapters max_loras=2
+    serve run configs/serve.yaml                               the same from a Serve config file
+
+`model` selects the adapter: `<base_id>` is the base model, `<base_id>:<adapter>` one adapter found
+under `dynamic_lora_loading_path`. Adapters are downloaded on first use, kept resident up to
+`max_loras` (least recently used evicted, reloaded on demand), and concurrent requests are batched
+per adapter. Binds 127.0.0.1 unless Serve's http_options say otherwise. With backend=vllm the same
+settings drive ray.serve.llm (GPU, the vllm extra).
+"""
+
+import asyncio
+import json
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+
+from serving.adapters import AdapterSource, ResidentAdapters, validate_name
+from serving.errors import APIError
+from serving.schema import ChatRequest, Limits, chat_response, parse_chat_request
+from serving.settings import ServeSettings
+from settings.schema import S3Config
+
+api = FastAPI(title="visrl multi-LoRA server")
+
+
+def _metrics() -> dict:
+    from ray.util.metrics import Counter, Histogram
+    buckets = [0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+    return {"load": Histogram("visrl_serve_adapter_load_seconds", "adapter cold load (download + apply)",
+                              boundaries=buckets, tag_keys=("adapter",)),
+            "download": Histogram("visrl_serve_adapter_download_seconds", "adapter download", boundaries=buckets,
+                                  tag_keys=("adapter",)),
+            "apply": Histogram("visrl_serve_adapter_apply_seconds", "adapter apply to the model", boundaries=buckets,
+                               tag_keys=("adapter",)),
+            "latency": Histogram("visrl_serve_request_seconds", "request latency by model id", boundaries=buckets,
+                                 tag_keys=("model",)),
+            "hits": Counter("visrl_serve_adapter_cache_hits", "requests whose adapter was resident"),
+            "misses": Counter("visrl_serve_adapter_cache_misses", "requests that loaded their adapter"),
+            "evictions": Counter("visrl_serve_adapter_evictions", "adapters evicted (LRU)")}
+
+
+@serve.deployment(health_check_period_s=10, health_check_timeout_s=30, max_ongoing_requests=64)
+@serve.ingress(api)
+class MultiLoraServer:
+    def __init__(self, settings: dict):
+        import torch
+
+        from inference.hf_backend import HFBackend
+        from vlm.load import DEFAULT_CACHE, load_model
+
+        self.s = ServeSettings(**settings)
+        device = self.s.device if self.s.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        s3 = S3Config(endpoint_url=self.s.s3_endpoint_url or None)
+        model, processor = load_model(self.s.base_model, device, torch.bfloat16 if device == "cuda" else torch.float32, s3)
+        self.backend = HFBackend(model, processor, device)
+        self.limits = Limits(max_body_bytes=self.s.max_body_bytes, max_image_pixels=self.s.max_image_pixels,
+                             max_tokens=self.s.max_tokens)
+        self.source = AdapterSource(self.s.dynamic_lora_loading_path or None,
+                                    self.s.cache_dir or str(DEFAULT_CACHE / "adapters"), self.s.base_id,
+                                    self.s.max_lora_rank, s3)
+        self.metrics = _metrics()
+        self.resident = ResidentAdapters(self.s.max_loras, self._fetch_adapter, self._apply_adapter,
+                                         self._unload_adapter, self.metrics)
+        self.generate_batch.set_max_batch_size(self.s.max_batch_size)
+        self.generate_batch.set_batch_wait_timeout_s(self.s.batch_wait_timeout_s)
+        for name in [n.strip() for n in self.s.prewarm.split(",") if n.strip()][: self.s.max_loras]:
+            self.resident.preload(validate_name(name))
+
+    # ---- adapters (called with the model otherwise idle: see generate_batch) ------------------
+    def _fetch_adapter(self, name: str) -> str:
+        folder, download_s = self.source.fetch(name)
+        self.metrics["download"].observe(download_s, tags={"adapter": name})
+        return folder
+
+    def _apply_adapter(self, name: str, folder: str) -> None:
+        from peft import PeftModel
+        start = time.perf_counter()
+        if self.backend.peft is None:
+            self.backend.peft = PeftModel.from_pretrained(self.backend.model, folder, adapter_name=name)
+            self.backend.model = self.backend.peft
+        else:
+            self.backend.peft.load_adapter(folder, adapter_name=name)
+        self.backend.peft.eval()
+        self.metrics["apply"].observe(time.perf_counter() - start, tags={"adapter": name})
+
+    def _unload_adapter(self, name: str) -> None:
+        self.backend.peft.delete_adapter(name)
+
+    # ---- API ----------------------------------------------------------------------------------
+    @api.get("/health")
+    def health(self):
+        return {"status": "ok", "base_id": self.s.base_id, "resident_adapters": list(self.resident.resident)}
+
+    def check_health(self):  # Serve's replica health check
+        if self.backend.model is None:
+            raise RuntimeError("model not loaded")
+
+    @api.get("/v1/models")
+    def models(self):
+        ids = [self.s.base_id] + [f"{self.s.base_id}:{n}" for n in self.source.names()]
+        return {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "visrl"} for i in ids]}
+
+    @api.get("/v1/adapters/stats")
+    def adapter_stats(self):
+        return {"resident": list(self.resident.resident), "hits": self.resident.hits, "misses": self.resident.misses,
+                "evictions": self.resident.evictions, "load_seconds": dict(self.resident.resident)}
+
+    @api.post("/v1/chat/completions")
+    async def chat(self, request: Request):
+        start = time.perf_counter()
+        model_id = "?"
+        try:
+            size = int(request.headers.get("content-length") or 0)
+            if size > self.limits.max_body_bytes:
+                raise APIError(413, f"request body is {size} bytes; at most {self.limits.max_body_bytes}")
+            raw = await request.body()
+            if len(raw) > self.limits.max_body_bytes:
+                raise APIError(413, f"request body is {len(raw)} bytes; at most {self.limits.max_body_bytes}")
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                raise APIError(400, "request body is not valid JSON") from None
+            req = parse_chat_request(body, self.limits)
+            model_id = req.model
+            adapter = self._adapter_of(req.model)
+            result = await self.generate_batch((req, adapter))
+            if isinstance(result, APIError):
+                raise result
+            return JSONResponse(result)
+        except APIError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        except Exception as e:  # the server stays up; the client learns what happened
+            return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}").body(), status_code=500)
+        finally:
+            self.metrics["latency"].observe(time.perf_counter() - start, tags={"model": model_id[:160]})
+
+    def _adapter_of(self, model: str) -> str | None:
+        base, sep, adapter = model.partition(":")
+        if base != self.s.base_id:
+            raise APIError(404, f"model '{model}' does not exist; GET /v1/models lists the models", "model")
+        return validate_name(adapter) if sep else None
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)
+    async def generate_batch(self, items: list[tuple[ChatRequest, str | None]]) -> list:
+        """Concurrent requests, grouped by adapter; one model call per (adapter, sampling) group."""
+        results: list = [None] * len(items)
+        by_adapter: dict = {}
+        for i, (req, adapter) in enumerate(items):
+            by_adapter.setdefault(adapter, []).append(i)
+        for adapter, idx in by_adapter.items():
+            try:
+                if adapter is not None:
+                    seconds = await self.resident.ensure(adapter)
+                    if seconds:
+                        self.metrics["load"].observe(seconds, tags={"adapter": adapter})
+                for i, out in zip(idx, await asyncio.to_thread(self._run_group, adapter, [items[i][0] for i in idx])):
+                    results[i] = out
+            except APIError as e:
+                for i in idx:
+                    results[i] = e
+        return results
+
+    def _run_group(self, adapter: str | None, reqs: list[ChatRequest]) -> list:
+        from inference.requests import GenRequest, Sampling
+        peft = self.backend.peft
+        if peft is not None:
+            if adapter is None:
+                ctx = peft.disable_adapter()
+            else:
+                peft.set_adapter(adapter)
+                ctx = nullcontext()
+        else:
+            ctx = nullcontext()
+        out = []
+        with ctx:
+            for req in reqs:
+                try:
+                    gen = GenRequest(messages=req.messages)
+                    sampling = Sampling(max_new_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
+                                        seed=req.seed, stop=req.stop)
+                    tokenized = self.backend._tokenize_messages(gen)
+                    if len(tokenized.prompt_ids) + req.max_tokens > self.s.max_model_len:
+                        raise APIError(400, f"prompt ({len(tokenized.prompt_ids)} tokens) + max_tokens "
+                                            f"({req.max_tokens}) exceeds max_model_len={self.s.max_model_len}",
+                                       "max_tokens")
+                    res = self.backend.generate([tokenized] * req.n, sampling, adapter_version=0)
+                    out.append(chat_response(req.model, [r.text for r in res], [r.finish_reason for r in res],
+                                             len(tokenized.prompt_ids), sum(len(r.token_ids) for r in res)))
+                except APIError as e:
+                    out.append(e)
+                except ValueError as e:  # e.g. a picture the processor cannot take
+                    out.append(APIError(400, str(e)))
+        return out
+
+
+def build_vllm_app(s: ServeSettings):
+    """The same settings on ray.serve.llm (vLLM, GPU). Note: it accepts only cloud adapter paths."""
+    from ray.serve.llm import LLMConfig, build_openai_app
+    config = LLMConfig(
+        model_loading_config={"model_id": s.base_id, "model_source": s.base_model},
+        lora_config={"dynamic_lora_loading_path": s.dynamic_lora_loading_path,
+                     "max_num_adapters_per_replica": s.max_loras},
+        engine_kwargs={"enable_lora": True, "max_lora_rank": s.max_lora_rank, "max_loras": s.max_loras,
+                       "max_model_len": s.max_model_len},
+        deployment_config=_deployment_options(s))
+    return build_openai_app({"llm_configs": [config]})
+
+
+def _deployment_options(s: ServeSettings) -> dict:
+    if s.max_replicas > max(s.min_replicas, 0) and s.max_replicas > 1:
+        return {"autoscaling_config": {"min_replicas": s.min_replicas, "max_replicas": s.max_replicas,
+                                       "target_ongoing_requests": 8}}
+    return {"num_replicas": s.num_replicas}
+
+
+def app(args: dict | None = None):
+    """Serve application builder: `serve run serve_app:app key=value ...`."""
+    s = ServeSettings.from_args(args or {})
+    if s.backend == "vllm":
+        return build_vllm_app(s)
+    return MultiLoraServer.options(ray_actor_options={"num_cpus": s.num_cpus}, **_deployment_options(s)).bind(asdict(s))

@@ -1,0 +1,1 @@
+"""Pure logic of the serve app: OpenAI request parsing and validation, the adapter registry."""

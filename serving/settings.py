@@ -1,0 +1,64 @@
+"""Serve app settings: defaults, `serve run serve_app:app key=value` arguments, config-file args."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class ServeSettings:
+    base_model: str = "assets/maze-vl-base"     # local folder, s3://bucket/prefix or Hugging Face id
+    base_id: str = ""                            # the model id clients use; default: the folder's name
+    dynamic_lora_loading_path: str = "runs/default/exports"  # local folder or s3:// prefix
+    max_loras: int = 4                           # adapters resident per replica (LRU)
+    max_lora_rank: int = 64
+    max_model_len: int = 4096                    # prompt + completion tokens
+    max_tokens: int = 512                        # the largest max_tokens a request may ask for
+    num_replicas: int = 1
+    min_replicas: int = 0                        # with max_replicas > min_replicas: autoscaling
+    max_replicas: int = 0
+    prewarm: str = ""                            # comma-separated adapter names loaded at start
+    backend: str = "hf"                          # hf | vllm (ray.serve.llm, GPU)
+    device: str = "auto"
+    max_batch_size: int = 16
+    batch_wait_timeout_s: float = 0.01
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_image_pixels: int = 1024 * 1024
+    cache_dir: str = ""                          # adapter download cache; default ~/.cache/visrl/adapters
+    s3_endpoint_url: str = ""                    # S3-compatible store (MinIO, moto); AWS_ENDPOINT_URL works too
+    num_cpus: float = 1.0
+
+    @classmethod
+    def from_args(cls, args: dict) -> "ServeSettings":
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values = {}
+        for key, raw in (args or {}).items():
+            if key not in fields:
+                hint = difflib.get_close_matches(key, fields, n=1)
+                raise ValueError(f"unknown serve argument '{key}'" + (f"; did you mean '{hint[0]}'?" if hint else "")
+                                 + f" (known: {', '.join(fields)})")
+            kind = type(fields[key].default)
+            try:
+                values[key] = raw if isinstance(raw, kind) and not isinstance(raw, bool) else _convert(raw, kind)
+            except ValueError:
+                raise ValueError(f"serve argument '{key}' expects {kind.__name__}, got {raw!r}") from None
+        s = cls(**values)
+        if s.backend not in ("hf", "vllm"):
+            raise ValueError(f"serve argument 'backend' must be hf or vllm, got '{s.backend}'")
+        if s.max_loras < 1 or s.num_replicas < 1:
+            raise ValueError("max_loras and num_replicas must be >= 1")
+        if not s.base_id:
+            s.base_id = Path(s.base_model.rstrip("/")).name
+        return s
+
+
+def _convert(raw, kind):
+    if kind is bool:
+        if str(raw).lower() in ("1", "true", "yes"):
+            return True
+        if str(raw).lower() in ("0", "false", "no"):
+            return False
+        raise ValueError(raw)
+    return kind(raw)
