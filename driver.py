@@ -35,45 +35,64 @@ def parse_args(argv):
     ap.add_argument("--eval-set", metavar="FILE", help="with --eval-only: another eval .jsonl")
     ap.add_argument("--adapter", metavar="DIR", help="with --eval-only: a LoRA adapter folder or s3:// prefix")
     ap.add_argument("--chaos-kill-every", type=int, default=0, metavar="N",
-                    help="kill a random actor every N steps (tests your recovery set-up)")
+                    help="kill a random actor every N steps (tests your recovery set-up; see docs/fault-tolerance.md)")
+    ap.add_argument("--chaos-method", choices=("sigkill", "ray_kill"), default="sigkill",
+                    help="how --chaos-kill-every kills: SIGKILL of the actor's process, or ray.kill")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.train_batch_size=24")
     return ap.parse_args(argv)
 
 
-def train(cfg, chaos_kill_every: int = 0) -> dict:
+def train(cfg, chaos_kill_every: int = 0, chaos_method: str = "sigkill") -> dict:
     import ray
     from tqdm import tqdm
 
-    from rl.session import Session
+    from rl.session import ACTOR_FAILURES, Session
 
     s = Session(cfg)
     ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, include_dashboard=cfg.ray.include_dashboard,
-             log_to_driver=True, configure_logging=False)
+             configure_logging=False)
     s.start_actors()
     s.resume()
+    if s.step >= s.total_steps:
+        print(f"the run in {s.run_dir} is complete ({s.step}/{s.total_steps} steps); start another with "
+              f"trainer.resume_mode=none or a new trainer.run_dir")
+        return s.finish()
     if cfg.trainer.eval_before_train and s.step == 0:
         s.log(0, s.evaluate())
-    bar = tqdm(range(s.step + 1, s.total_steps + 1), desc="GRPO", unit="step", initial=s.step, total=s.total_steps)
-    for step in bar:
+    bar = tqdm(total=s.total_steps, initial=s.step, desc="GRPO", unit="step")
+    while s.step < s.total_steps:
+        step = s.step + 1
         started = time.perf_counter()
         s.phases.reset()
-        rows, epoch = s.sampler.next_batch()
-        episodes = s.rollouts(rows, step)                 # VLLMEngine x N + EnvPool
-        advantages = s.advantages(episodes)               # group-relative (GRPO)
-        metrics = s.update(episodes, advantages)          # ref log-probs, then LoRA update on the shards
-        metrics |= s.sync_weights()                       # adapter v{step} -> every engine
-        if step % cfg.trainer.eval_interval == 0 or step == s.total_steps:
-            metrics |= s.evaluate()
-        if step % cfg.trainer.hf_save_interval == 0 or step == s.total_steps:
-            metrics |= s.export(step)
-        s.step = step
-        if step % cfg.trainer.ckpt_interval == 0 or step == s.total_steps:
-            metrics |= s.checkpoint(step)
+        try:
+            rows, epoch = s.sampler.next_batch()
+            episodes = s.rollouts(rows, step)                 # VLLMEngine x N + EnvPool
+            advantages = s.advantages(episodes)               # group-relative (GRPO)
+            metrics = s.update(episodes, advantages)          # ref log-probs, then LoRA update on the shards
+            metrics |= s.sync_weights()                       # adapter v{step} -> every engine
+            last = step == s.total_steps or step == cfg.trainer.stop_after_step
+            if step % cfg.trainer.eval_interval == 0 or last:
+                metrics |= s.evaluate()
+            if step % cfg.trainer.hf_save_interval == 0 or last:
+                metrics |= s.export(step)
+            s.step = step
+            if step % cfg.trainer.ckpt_interval == 0 or last:
+                metrics |= s.checkpoint(step)
+        except ACTOR_FAILURES as failure:
+            s.recover(failure, step)                          # rebuild the actors, reload the latest checkpoint
+            bar.n = s.step
+            bar.refresh()
+            continue
         metrics |= s.phases.metrics() | {"timing/step": time.perf_counter() - started, "epoch": epoch}
         s.log(step, metrics)
+        bar.update(1)
         bar.write(s.step_line(step, metrics))
+        if cfg.trainer.stop_after_step and step >= cfg.trainer.stop_after_step:
+            bar.write(f"stopping after step {step} (trainer.stop_after_step); resume with trainer.resume_mode=latest")
+            break
         if chaos_kill_every and step % chaos_kill_every == 0 and step < s.total_steps:
-            s.chaos_kill()
+            s.chaos_kill(chaos_method)
+    bar.close()
     return s.finish()
 
 
@@ -114,7 +133,7 @@ def main(argv=None) -> int:
     elif args.eval_only:
         eval_only(cfg, args.eval_set, args.adapter)
     else:
-        train(cfg, args.chaos_kill_every)
+        train(cfg, args.chaos_kill_every, args.chaos_method)
     return 0
 
 

@@ -20,11 +20,19 @@ def call(handle, method: str, *args, **kwargs) -> Any:
 
 
 def call_all(handles, method: str, args_list=None, **kwargs) -> list:
-    """The same method on many actors (in parallel when remote); args_list gives per-actor args."""
+    """The same method on many actors (in parallel when remote); args_list gives per-actor args.
+
+    Fails fast: the first actor error is raised at once, without waiting for ranks that may be
+    stuck in a collective with the one that died."""
     args_list = args_list or [() for _ in handles]
     if handles and is_remote(handles[0]):
         import ray
-        return ray.get([getattr(h, method).remote(*a, **kwargs) for h, a in zip(handles, args_list)])
+        refs = [getattr(h, method).remote(*a, **kwargs) for h, a in zip(handles, args_list)]
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            ray.get(ready)  # raises the actor's error, if any
+        return ray.get(refs)
     return [getattr(h, method)(*a, **kwargs) for h, a in zip(handles, args_list)]
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from actors.handles import EngineClient, Sync, call_all
 from envs.dataset import load_rows, write_dataset
@@ -29,6 +30,10 @@ from settings.load import to_yaml
 from telemetry.run_log import RunLog
 from telemetry.timing import Phases
 from vlm.chat import ChatPrompter
+
+
+# What an actor's death looks like to the driver (a crashed, killed or unreachable actor).
+ACTOR_FAILURES = (RayActorError, ActorUnavailableError)
 
 
 def resolve_device(cfg) -> str:
@@ -88,6 +93,7 @@ class Session:
         self.actors = None
         self.log_file = None
         self.restarts = 0
+        self.recoveries: list[dict] = []
 
     # ---- actors -------------------------------------------------------------------------------
     def start_actors(self) -> None:
@@ -220,14 +226,15 @@ class Session:
                 return {"ckpt/failed": 1.0}
         return {"ckpt/failed": 0.0, "ckpt/save_s": info["seconds"], "ckpt/bytes": info["bytes"]}
 
-    def resume(self) -> None:
+    def resume(self, force_latest: bool = False) -> None:
         """Continue from the newest complete checkpoint (resume_mode=latest) or a given one."""
         from actors.checkpointer import Checkpointer, parse_step_path
         from actors.handles import call
         t = self.cfg.trainer
-        if t.resume_mode == "none":
+        mode = "latest" if force_latest else t.resume_mode
+        if mode == "none":
             return
-        if t.resume_mode == "from_path":
+        if mode == "from_path":
             root, step = parse_step_path(t.resume_path)
             source = Checkpointer(root, self.cfg.s3)
         else:
@@ -244,7 +251,7 @@ class Session:
                 self.engines.load_adapter({"path": str(folder), "version": version})
             self.sampler.load_state_dict(trainer_state["sampler"])
             self.step, self.version, self.adapter_dir = int(trainer_state["global_step"]), version, str(folder)
-        print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {self.step} "
+        print(f"resumed from {t.ckpt_path if mode == 'latest' else t.resume_path} at step {self.step} "
               f"(adapter v{version}) in {self.phases.seconds['restore']:.1f}s", flush=True)
 
     # ---- logging ------------------------------------------------------------------------------

@@ -100,6 +100,7 @@ class TrainerConfig:
     max_ckpts_to_keep: int = -1
     max_restarts: int = 2  # visrl: actor-group rebuilds before the run gives up
     fail_on_ckpt_error: bool = False  # visrl: stop the run when a checkpoint cannot be saved
+    stop_after_step: int = 0  # visrl: end this invocation after that step (0 = run to the end); resume later
     run_dir: str = "runs/default"  # visrl: metrics.jsonl, TensorBoard events, curve, config
     project_name: str = "visrl"
     run_name: str = "default"
@@ -173,6 +174,7 @@ class S3Config:
     endpoint_url: Optional[str] = None  # visrl: for S3-compatible stores (MinIO, moto)
     region: Optional[str] = None
     max_attempts: int = 5
+    timeout_s: float = 60.0  # visrl: connect/read timeout of one S3 request
 
 
 @dataclass

@@ -114,7 +114,7 @@ class LocalStore:
 
 class S3Store:
     def __init__(self, url: str, endpoint_url: str | None = None, region: str | None = None,
-                 max_attempts: int = 5, connect_timeout: float = 5.0):
+                 max_attempts: int = 5, timeout_s: float = 60.0):
         import boto3
         from botocore.config import Config as BotoConfig
 
@@ -124,7 +124,7 @@ class S3Store:
             "s3", endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
             region_name=region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
             config=BotoConfig(retries={"max_attempts": max_attempts, "mode": "standard"},
-                              connect_timeout=connect_timeout, read_timeout=60))
+                              connect_timeout=min(timeout_s, 10.0), read_timeout=timeout_s))
 
     def _key(self, key: str) -> str:
         key = _check_key(key) if key else ""
@@ -213,5 +213,6 @@ def open_store(path: str, s3_cfg=None):
     """A LocalStore for a folder, an S3Store for s3://bucket/prefix (settings.schema.S3Config)."""
     if is_s3(path):
         return S3Store(path, endpoint_url=getattr(s3_cfg, "endpoint_url", None),
-                       region=getattr(s3_cfg, "region", None), max_attempts=getattr(s3_cfg, "max_attempts", 5))
+                       region=getattr(s3_cfg, "region", None), max_attempts=getattr(s3_cfg, "max_attempts", 5),
+                       timeout_s=getattr(s3_cfg, "timeout_s", 60.0))
     return LocalStore(path)

@@ -38,6 +38,14 @@ class RunLog:
         tmp.write_text("".join(line + "\n" for line in keep))
         tmp.replace(self.path)
 
+    def rewind(self, step: int) -> None:
+        """After a recovery: drop what was logged after `step`, which will be redone."""
+        self._truncate_after(step)
+        if self.tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tb.close()
+            self.tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=step + 1)
+
     def log(self, step: int, metrics: dict) -> None:
         clean = {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
                  for k, v in metrics.items()}

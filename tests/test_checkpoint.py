@@ -1,0 +1,144 @@
+"""Checkpoints: exact round trips, resume equals an uninterrupted run, crashes mid-save, S3."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from actors.checkpointer import MARKER, CheckpointError, Checkpointer
+from settings.schema import S3Config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fake_state(step):
+    """A policy state shaped like FSDPPolicyShard.state_dict() (optimizer from a real AdamW)."""
+    torch.manual_seed(step)
+    p = torch.nn.Parameter(torch.randn(4, 3))
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    p.grad = torch.randn(4, 3)
+    opt.step()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
+    return {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "optimizer_steps": step,
+            "torch_rng": torch.get_rng_state()}
+
+
+def fake_adapter(folder, step):
+    from safetensors.torch import save_file
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"base_model.model.x.lora_A.weight": torch.full((2, 2), float(step))}, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2}))
+    return str(folder)
+
+
+def save(ck, step, tmp_path):
+    return ck.save(step, {"global_step": step, "sampler": {"epoch": 0, "cursor": step}}, fake_state(step),
+                   fake_adapter(tmp_path / f"adapter{step}", step))
+
+
+def test_round_trip_is_bit_identical_and_prunes_keep_the_latest(tmp_path):
+    ck = Checkpointer(str(tmp_path / "ckpts"), max_ckpts_to_keep=2)
+    for step in (1, 2, 3):
+        info = save(ck, step, tmp_path)
+        assert info["bytes"] > 0
+    assert ck.steps() == [2, 3] and ck.latest() == 3
+    assert (tmp_path / "ckpts" / MARKER).read_text() == "3"
+    state = ck.load_policy_state(3, str(tmp_path / "restored"))
+    want = fake_state(3)
+    assert state["optimizer_steps"] == 3 and torch.equal(state["torch_rng"], want["torch_rng"])
+    for k, v in want["optimizer"]["state"][0].items():
+        assert torch.equal(state["optimizer"]["state"][0][k], v)
+    assert state["scheduler"] == want["scheduler"]
+    assert torch.equal(state["lora"]["base_model.model.x.lora_A.weight"], torch.full((2, 2), 3.0))
+    assert ck.load_trainer_state(3)["sampler"]["cursor"] == 3
+
+
+def test_corrupt_or_partial_checkpoints_are_skipped(tmp_path):
+    ck = Checkpointer(str(tmp_path / "c"))
+    save(ck, 1, tmp_path)
+    save(ck, 2, tmp_path)
+    blob = tmp_path / "c" / "global_step_2" / "policy" / "adapter_model.safetensors"
+    blob.write_bytes(blob.read_bytes()[:-3] + b"xyz")
+    with pytest.warns(UserWarning, match="global_step_2"):
+        assert ck.latest() == 1
+    (tmp_path / "c" / "global_step_1" / "manifest.json").unlink()
+    with pytest.warns(UserWarning):
+        assert ck.latest() is None
+    with pytest.raises(CheckpointError, match="cannot be loaded"):
+        ck.load_trainer_state(2)
+
+
+SAVER = """
+import sys, json, time, torch
+sys.path.insert(0, {root!r})
+from tests.test_checkpoint import save
+from actors.checkpointer import Checkpointer
+from pathlib import Path
+ck = Checkpointer({path!r}, max_ckpts_to_keep=2)
+step = (ck.latest() or 0) + 1
+print("ready", flush=True)
+while True:
+    save(ck, step, Path({tmp!r}))
+    step += 1
+"""
+
+
+def test_killing_the_saver_at_random_moments_always_leaves_a_loadable_latest(tmp_path):
+    path = str(tmp_path / "ckpts")
+    rng = np.random.default_rng(0)
+    deadline = time.monotonic() + 60
+    kills = 0
+    while time.monotonic() < deadline and kills < 25:
+        proc = subprocess.Popen([sys.executable, "-c", SAVER.format(root=str(ROOT), path=path, tmp=str(tmp_path))],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"  # imports done: from here on it only saves
+        time.sleep(float(rng.uniform(0.2, 3.0)))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        ck = Checkpointer(path)
+        latest = ck.latest()
+        if latest is not None:
+            assert ck.load_trainer_state(latest)["global_step"] == latest
+            ck.load_policy_state(latest, str(tmp_path / "probe"))
+    assert kills >= 5 and Checkpointer(path).latest() is not None
+
+
+def test_s3_save_prune_resume_and_a_server_outage_mid_upload(s3_server, tmp_path):
+    s3_server.client().create_bucket(Bucket="ckpts")
+    cfg = S3Config(endpoint_url=s3_server.url, max_attempts=1, timeout_s=2.0)
+    ck = Checkpointer("s3://ckpts/run1", cfg, max_ckpts_to_keep=2, retries=2, backoff_s=0.1)
+    for step in (1, 2, 3):
+        save(ck, step, tmp_path)
+    assert ck.steps() == [2, 3] and ck.latest() == 3
+    assert ck.load_policy_state(3, str(tmp_path / "from_s3"))["optimizer_steps"] == 3
+    # stop the server (SIGSTOP) as soon as step 4's first object lands, while the upload goes on
+    client = s3_server.client()
+    errors = []
+
+    def upload():
+        try:
+            save(ck, 4, tmp_path)
+        except CheckpointError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=upload)
+    t.start()
+    for _ in range(400):
+        listed = client.list_objects_v2(Bucket="ckpts", Prefix="run1/global_step_4/")
+        if listed.get("KeyCount", 0):
+            break
+        time.sleep(0.005)
+    os.kill(s3_server.proc.pid, signal.SIGSTOP)
+    t.join(timeout=120)
+    os.kill(s3_server.proc.pid, signal.SIGCONT)
+    assert errors and "failed after 2 tries" in str(errors[0])
+    assert client.get_object(Bucket="ckpts", Key="run1/" + MARKER)["Body"].read() == b"3"
+    assert Checkpointer("s3://ckpts/run1", cfg).latest() == 3
