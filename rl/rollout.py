@@ -29,7 +29,7 @@ class Turn:
     prompt_ids: list[int]
     response_ids: list[int]
     logprobs: list[float]
-    first_image: int            # the prompt holds pictures first_image .. this turn's picture
+    picture_turns: list[int]    # the turns whose pictures this prompt holds
     text: str
     feedback: str = ""
     valid_action: bool = True
@@ -78,12 +78,12 @@ class Episode:
                 cur.input_ids += extra + turn.response_ids
                 cur.loss_mask += [0] * len(extra) + [1] * len(turn.response_ids)
                 cur.logprobs += [0.0] * len(extra) + list(turn.logprobs)
-                cur.images = self.images[turn.first_image:k + 1]
+                cur.images = [self.images[i] for i in turn.picture_turns]
             else:
                 seqs.append(TrainSeq(self.episode_id, turn.prompt_ids + turn.response_ids,
                                      [0] * len(turn.prompt_ids) + [1] * len(turn.response_ids),
                                      [0.0] * len(turn.prompt_ids) + list(turn.logprobs),
-                                     self.images[turn.first_image:k + 1]))
+                                     [self.images[i] for i in turn.picture_turns]))
         return seqs
 
 
@@ -91,40 +91,41 @@ class RolloutRunner:
     """Runs episodes through a sampling client (`generate`) and an env pool (`env`)."""
 
     def __init__(self, generate, env, prompter, max_turns: int, max_input_length: int,
-                 context_window_turns: int = 0):
+                 context_window_turns: int = 0, context_pictures: int = 0):
         self.generate, self.env, self.prompter = generate, env, prompter
-        self.max_turns, self.max_input_length, self.window = max_turns, max_input_length, context_window_turns
+        self.max_turns, self.max_input_length = max_turns, max_input_length
+        self.window, self.pictures = context_window_turns, context_pictures
 
     def run(self, tasks: list[Task], sampling: Sampling, expect_version: int, progress=None) -> list[Episode]:
         episodes = {t.episode_id: Episode(t.episode_id, t.group, t.seed, adapter_version=expect_version)
                     for t in tasks}
         starts = self.env.reset([t.episode_id for t in tasks], seeds=[t.seed for t in tasks],
                                 init_states=[t.init_state for t in tasks])
-        pieces = {}  # episode id -> (user turn pieces, answers)
+        pieces = {}  # episode id -> (user turn texts, answer ids)
         for s in starts:
             ep = episodes[s["episode_id"]]
             ep.images.append(s["image"])
-            pieces[ep.episode_id] = ([self.prompter.user_turn("")], [])
+            pieces[ep.episode_id] = ([""], [])
         live = [t.episode_id for t in tasks]
         for turn in range(self.max_turns):
             requests, asking = [], []
             for eid in live:
                 users, answers = pieces[eid]
-                ids, first = self.prompter.prompt(users, answers, self.window)
+                ids, picture_turns = self.prompter.prompt(users, answers, self.window, self.pictures)
                 if len(ids) + sampling.max_new_tokens > self.max_input_length:
                     episodes[eid].stop_reason = "length"
                     continue
-                requests.append(GenRequest(prompt_ids=ids, images=episodes[eid].images[first:]))
-                asking.append((eid, ids, first))
+                requests.append(GenRequest(prompt_ids=ids, images=[episodes[eid].images[i] for i in picture_turns]))
+                asking.append((eid, ids, picture_turns))
             if not asking:
                 break
             seeded = sampling if sampling.seed is None else _with_seed(sampling, sampling.seed * 131 + turn)
             results = self.generate(requests, seeded, expect_version)
-            for (eid, ids, first), res in zip(asking, results):
+            for (eid, ids, picture_turns), res in zip(asking, results):
                 if res.adapter_version != expect_version:  # belt and braces: engines check too
                     raise RuntimeError(f"episode {eid} was sampled with adapter v{res.adapter_version}, "
                                        f"expected v{expect_version}")
-                episodes[eid].turns.append(Turn(ids, res.token_ids, res.logprobs, first, res.text))
+                episodes[eid].turns.append(Turn(ids, res.token_ids, res.logprobs, picture_turns, res.text))
             steps = self.env.step([a[0] for a in asking], [r.text for r in results])
             live = []
             for (eid, _, _), st in zip(asking, steps):
@@ -138,7 +139,7 @@ class RolloutRunner:
                 ep.images.append(st["image"])
                 users, answers = pieces[eid]
                 answers.append(ep.turns[-1].response_ids)
-                users.append(self.prompter.user_turn(st["info"]["feedback"]))
+                users.append(st["info"]["feedback"])
                 live.append(eid)
             if progress is not None:
                 progress(turn, len(live))

@@ -112,7 +112,7 @@ class Session:
         self.engines = EngineClient(self.actors.engines)
         self.runner = RolloutRunner(self.engines.generate, Sync(self.actors.env_pool), self.prompter,
                                     cfg.generator.max_turns, cfg.generator.max_input_length,
-                                    cfg.generator.context_window_turns)
+                                    cfg.generator.context_window_turns, cfg.generator.context_pictures)
 
     # ---- the phases of a step -----------------------------------------------------------------
     def rollouts(self, rows: list[dict], step: int):
@@ -308,7 +308,7 @@ def evaluate_locally(cfg, eval_set: str | None, adapter: str | None) -> EvalRepo
     runner = RolloutRunner(EngineClient([engine]).generate, EnvPool(cfg.environment.env_class, cfg.environment.cell_px,
                                                                     cfg.generator.max_turns),
                            make_prompter(processor, cfg), cfg.generator.max_turns, cfg.generator.max_input_length,
-                           cfg.generator.context_window_turns)
+                           cfg.generator.context_window_turns, cfg.generator.context_pictures)
     report = evaluate(runner, eval_rows, eval_sampling(cfg).max_new_tokens, version)
     out = Path(cfg.trainer.run_dir) / "eval_only.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -164,8 +164,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"generator.sampling_params.top_p must be in (0, 1]; got {g.sampling_params.top_p}")
     if t.algorithm.eps_clip_low < 0 or t.algorithm.eps_clip_high < 0:
         raise ConfigError("trainer.algorithm.eps_clip_low/high must be >= 0")
-    if g.context_window_turns < 0:
-        raise ConfigError("generator.context_window_turns must be >= 0 (0 keeps every turn)")
+    if g.context_window_turns < 0 or g.context_pictures < 0:
+        raise ConfigError("generator.context_window_turns and context_pictures must be >= 0 (0 keeps all)")
     if t.resume_mode == "from_path" and not t.resume_path:
         raise ConfigError("trainer.resume_mode=from_path needs trainer.resume_path")
     if not 0 < g.inference_engine.gpu_memory_utilization <= 1:

@@ -143,6 +143,7 @@ class GeneratorConfig:
     max_input_length: int = 8192
     n_samples_per_prompt: int = 8
     context_window_turns: int = 0  # visrl: keep only the last K turns (text and picture); 0 = all
+    context_pictures: int = 0  # visrl: of the kept turns, only the last P keep their picture; 0 = all
 
 
 @dataclass

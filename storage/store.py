@@ -31,6 +31,10 @@ def split_s3(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+def join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p)
+
+
 def _check_key(key: str) -> str:
     parts = key.replace("\\", "/").split("/")
     if key.startswith("/") or any(p in ("", ".", "..") for p in parts):
@@ -183,7 +187,7 @@ class S3Store:
     def upload_dir(self, local_dir: str, key: str) -> None:
         for path in sorted(Path(local_dir).rglob("*")):
             if path.is_file():
-                rel = f"{key}/{path.relative_to(local_dir).as_posix()}"
+                rel = join(key, path.relative_to(local_dir).as_posix())
                 self._call("upload", rel, self.client.upload_file, str(path), self.bucket, self._key(rel))
 
     def download_dir(self, key: str, local_dir: str) -> str:
@@ -195,13 +199,13 @@ class S3Store:
             dest = Path(local_dir) / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f".{dest.name}.tmp")
-            self._call("download", f"{key}/{rel}", self.client.download_file, self.bucket,
-                       self._key(f"{key}/{rel}"), str(tmp))
+            self._call("download", join(key, rel), self.client.download_file, self.bucket,
+                       self._key(join(key, rel)), str(tmp))
             os.replace(tmp, dest)
         return local_dir
 
     def delete(self, key: str) -> None:
-        keys = [f"{key}/{f}" for f in self.list_files(key)]
+        keys = [join(key, f) for f in self.list_files(key)]
         for i in range(0, len(keys), 1000):
             objs = [{"Key": self._key(k)} for k in keys[i:i + 1000]]
             self._call("delete", key, self.client.delete_objects, Bucket=self.bucket, Delete={"Objects": objs})

@@ -9,7 +9,7 @@ def episode(eid, group, answers, reward):
     ep = Episode(eid, group, None, reward=reward)
     for k, n in enumerate(answers):
         ep.images.append(np.zeros((2, 2, 3), np.uint8))
-        ep.turns.append(Turn([1, 2, 3], list(range(10, 10 + n)), [-0.1] * n, k, "x"))
+        ep.turns.append(Turn([1, 2, 3], list(range(10, 10 + n)), [-0.1] * n, [k], "x"))
     return ep
 
 

@@ -43,9 +43,8 @@ def requests_for(prompter, seeds, feedbacks):
     for seed, fb in zip(seeds, feedbacks):
         env = MazeEnv(cell_px=16)
         image, _ = env.reset(seed=seed)
-        users = [prompter.user_turn(""), prompter.user_turn(fb)]
         answer = prompter.tok.encode("<action>up</action>", add_special_tokens=False)
-        ids, _ = prompter.prompt(users, [answer], window=0 if fb else 1)
+        ids, _ = prompter.prompt(["", fb], [answer], window=0 if fb else 1)
         n_images = 2 if fb else 1
         reqs.append(GenRequest(prompt_ids=ids, images=[image] * n_images))
     return reqs
@@ -90,23 +89,25 @@ def test_cut_picture_is_refused(engine, prompter):
         engine.generate([cut], GREEDY)
 
 
-@pytest.mark.parametrize("window", [0, 1, 2])
-def test_loss_mask_covers_exactly_the_models_turns(engine, prompter, window):
+@pytest.mark.parametrize("window, pictures", [(0, 0), (1, 0), (2, 0), (3, 1)])
+def test_loss_mask_covers_exactly_the_models_turns(engine, prompter, window, pictures):
     tok = prompter.tok
-    runner = RolloutRunner(EngineClient([engine]).generate, EnvPool("maze_2d/easy", 16, 6), prompter, 6, 8192, window)
+    runner = RolloutRunner(EngineClient([engine]).generate, EnvPool("maze_2d/easy", 16, 6), prompter, 6, 8192,
+                           window, pictures)
     episodes = runner.run([Task(f"e{i}", i, seed=i) for i in range(4)],
                           Sampling(max_new_tokens=5, temperature=1.0, seed=7), 0)
     image_id = tok.convert_tokens_to_ids("<|image_pad|>")
     for ep in episodes:
         assert ep.stop_reason in ("stop", "truncated") and 1 <= len(ep.turns) <= 6
         seqs = ep.sequences()
-        assert len(seqs) == (1 if window == 0 else len(ep.turns) if window == 1 else len(seqs))
+        assert len(seqs) == (1 if window == 0 else len(ep.turns) if window == 1 or pictures else len(seqs))
         masked_in = [t for s in seqs for t, m in zip(s.input_ids, s.loss_mask) if m]
         assert masked_in == [t for turn in ep.turns for t in turn.response_ids]
         assert tok.decode(masked_in) == "".join(tok.decode(t.response_ids) for t in ep.turns)
         for s in seqs:
             assert len(s.input_ids) == len(s.loss_mask) == len(s.logprobs)
             assert s.input_ids.count(image_id) == 81 * len(s.images)  # every picture in full
+            assert len(s.images) <= (pictures or 99)
             outside = tok.decode([t for t, m in zip(s.input_ids, s.loss_mask) if not m])
             assert INSTRUCTION in outside
             lp = [l for l, m in zip(s.logprobs, s.loss_mask) if m]

@@ -26,7 +26,7 @@ def make_items(model_dir):
         ep = Episode(f"e{i}", i // 4, i, reward=float(i % 3 == 0))
         ep.images.append(start["image"])
         answer = tok.encode("<action>" + ["up", "down", "left"][i % 3] + "</action>", add_special_tokens=False) + [2]
-        ep.turns.append(Turn(prompter.prompt([prompter.user_turn("")], [], 1)[0], answer, [-1.0] * len(answer), 0, ""))
+        ep.turns.append(Turn(prompter.prompt([""], [], 1)[0], answer, [-1.0] * len(answer), [0], ""))
         episodes.append(ep)
     from rl.algorithm import compute_advantages
     adv = compute_advantages("grpo", [e.reward for e in episodes], [e.group for e in episodes])

@@ -4,7 +4,8 @@ prompt building token by token.
 Multi-turn rollouts build each turn's prompt from stored token pieces rather than re-rendering
 text: the model's earlier answers go back in as the exact ids it produced (re-tokenizing its text
 could give other ids, and the trainer would then score tokens the model never sampled). With a
-context window, turns older than the window are dropped whole, picture and text together.
+context window, turns older than the window are dropped whole; a picture window can further drop the
+pictures (not the text) of all but the last few turns.
 """
 from __future__ import annotations
 
@@ -32,28 +33,41 @@ class ChatPrompter:
         self.n_image = image_tokens_per_picture
         self.head = self._ids(f"<|im_start|>system\n{instruction}<|im_end|>\n")
         self.newline = self._ids("\n")
+        self._cache: dict[tuple[str, bool], list[int]] = {}
 
     def _ids(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
 
-    def user_turn(self, text: str) -> list[int]:
-        """A user message: text then the picture, and the assistant header that asks for an answer."""
-        return (self._ids(f"<|im_start|>user\n{text}<|vision_start|>") + [self.image_token_id] * self.n_image
-                + self._ids("<|vision_end|><|im_end|>\n<|im_start|>assistant\n"))
+    def user_turn(self, text: str, picture: bool = True) -> list[int]:
+        """A user message: text then (optionally) the picture, and the assistant header that asks for
+        an answer. Tokenized per piece: pieces meet at special tokens, so this equals tokenizing the
+        whole rendered chat."""
+        key = (text, picture)
+        if key not in self._cache:
+            image = ([self.image_token_id] * self.n_image + self._ids("<|vision_end|>")) if picture else []
+            self._cache[key] = (self._ids(f"<|im_start|>user\n{text}" + ("<|vision_start|>" if picture else ""))
+                                + image + self._ids("<|im_end|>\n<|im_start|>assistant\n"))
+        return self._cache[key]
 
     def closed_answer(self, response_ids: list[int]) -> list[int]:
         """The model's answer as it goes back into the context: its own ids, closed by <|im_end|>\\n."""
         return list(response_ids) + ([] if response_ids and response_ids[-1] == self.end_id else [self.end_id]) \
             + self.newline
 
-    def prompt(self, user_turns: list[list[int]], answers: list[list[int]], window: int) -> tuple[list[int], int]:
-        """Prompt for the last user turn; returns (ids, index of the first turn kept).
+    def prompt(self, user_texts: list[str], answers: list[list[int]], window: int = 0,
+               pictures: int = 0) -> tuple[list[int], list[int]]:
+        """Prompt for the last user turn; returns (ids, the turns whose pictures it holds).
 
-        user_turns[k] and answers[k] are turn k's pieces (answers has one entry fewer). window=0
-        keeps every turn; window=K keeps the last K turns, the current one included.
+        user_texts[k] and answers[k] are turn k's text and sampled answer ids (answers has one entry
+        fewer). window=0 keeps every turn, window=K the last K (the current one included);
+        pictures=0 keeps the picture of every kept turn, pictures=P only the last P.
         """
-        first = 0 if window <= 0 else max(0, len(user_turns) - window)
+        n = len(user_texts)
+        first = 0 if window <= 0 else max(0, n - window)
+        with_picture = first if pictures <= 0 else max(first, n - pictures)
         ids = list(self.head)
-        for k in range(first, len(user_turns) - 1):
-            ids += user_turns[k] + self.closed_answer(answers[k])
-        return ids + user_turns[-1], first
+        for k in range(first, n):
+            ids += self.user_turn(user_texts[k], picture=k >= with_picture)
+            if k < n - 1:
+                ids += self.closed_answer(answers[k])
+        return ids, list(range(with_picture, n))

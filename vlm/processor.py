@@ -8,6 +8,8 @@ With torchvision installed (GPU boxes) the stock AutoProcessor is used.
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 from transformers import AutoProcessor, Qwen3VLProcessor
 from transformers.processing_utils import ProcessorMixin
@@ -33,7 +35,17 @@ class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
 
 
 def load_processor(path: str):
-    """The processor saved beside a model, usable on this machine."""
-    if has_torchvision():
-        return AutoProcessor.from_pretrained(path)
+    """The processor saved beside a model, usable on this machine.
+
+    The embedded base saves an ImageOnlyQwen3VLProcessor, which AutoProcessor does not know (it
+    would quietly return the bare tokenizer), so that class is loaded directly, with the PIL
+    image backend everywhere so pixels match bit for bit between CPU and GPU machines. Real
+    Qwen-VL checkpoints go through AutoProcessor when torchvision is there.
+    """
+    saved = Path(path) / "processor_config.json"
+    ours = saved.exists() and json.loads(saved.read_text()).get("processor_class") == ImageOnlyQwen3VLProcessor.__name__
+    if has_torchvision() and not ours:
+        processor = AutoProcessor.from_pretrained(path)
+        if hasattr(processor, "image_processor"):
+            return processor
     return ImageOnlyQwen3VLProcessor.from_pretrained(path, backend="pil")

@@ -78,15 +78,16 @@ def perception_stage(model, processor, arch, steps: int, batch: int, lr: float, 
     return float(np.mean(accs[-100:]))
 
 
-def expert_turns(env: MazeEnv, prompter: ChatPrompter, tok, window: int, rng: random.Random, eps: float):
+def expert_turns(env: MazeEnv, prompter: ChatPrompter, tok, window: int, pictures: int, rng: random.Random,
+                 eps: float):
     """One expert episode as training sequences: each turn's exact rollout prompt + the expert's answer."""
-    users, answers, images, seqs = [prompter.user_turn("")], [], [env.render()], []
+    users, answers, images, seqs = [""], [], [env.render()], []
     for _ in range(env.max_turns):
         action = expert_actions(env.maze, env.agent, env.target)[0]
-        prompt, first = prompter.prompt(users, answers, window)
+        prompt, picture_turns = prompter.prompt(users, answers, window, pictures)
         target = tok.encode(action_text(action), add_special_tokens=False) + [prompter.end_id]
         seqs.append(TrainSeq("sft", prompt + target, [0] * len(prompt) + [1] * len(target),
-                             [0.0] * (len(prompt) + len(target)), images[first:]))
+                             [0.0] * (len(prompt) + len(target)), [images[i] for i in picture_turns]))
         if action == "stop":
             break
         executed = rng.choice(MOVES) if rng.random() < eps else action  # noise: executed, never a target
@@ -94,12 +95,12 @@ def expert_turns(env: MazeEnv, prompter: ChatPrompter, tok, window: int, rng: ra
         if truncated:
             break
         answers.append(tok.encode(action_text(executed), add_special_tokens=False) + [prompter.end_id])
-        users.append(prompter.user_turn(info["feedback"]))
+        users.append(info["feedback"])
         images.append(image)
     return seqs
 
 
-def validation_solve_rate(model, processor, prompter, window: int, max_turns: int) -> float:
+def validation_solve_rate(model, processor, prompter, cfg) -> float:
     """Greedy solve rate on 64 validation mazes (their own seeds: not the eval set)."""
     from actors.env_pool import EnvPool
     from envs.dataset import init_state, make_rows
@@ -107,24 +108,25 @@ def validation_solve_rate(model, processor, prompter, window: int, max_turns: in
     from inference.requests import Sampling
     from rl.rollout import RolloutRunner, Task
 
-    rows, _ = make_rows("maze_2d/easy", VALIDATION_SEEDS, 64, max_turns, solvable_only=True)
+    g, env_id = cfg.generator, cfg.environment.env_class
+    rows, _ = make_rows(env_id, VALIDATION_SEEDS, 64, g.max_turns, solvable_only=True)
     model.eval()
-    runner = RolloutRunner(HFBackend(model, processor).generate, EnvPool("maze_2d/easy", 16, max_turns), prompter,
-                           max_turns, 8192, window)
+    runner = RolloutRunner(HFBackend(model, processor).generate, EnvPool(env_id, cfg.environment.cell_px, g.max_turns),
+                           prompter, g.max_turns, g.max_input_length, g.context_window_turns, g.context_pictures)
     episodes = runner.run([Task(f"val{i}", i, init_state(r)) for i, r in enumerate(rows)],
                           Sampling(max_new_tokens=8, temperature=0.0), 0)
     model.train()
     return sum(ep.solved for ep in episodes) / len(episodes)
 
 
-def agent_stage(model, processor, arch, max_steps: int, batch: int, lr: float, seed: int, window: int,
-                max_turns: int, stop_at: float, check_every: int = 20, eps: float = 0.2) -> dict:
+def agent_stage(model, processor, arch, cfg, max_steps: int, batch: int, lr: float, seed: int, stop_at: float,
+                check_every: int = 20, eps: float = 0.2) -> dict:
     """SFT on expert turns in the rollout format, stopped at the first validation check whose
     greedy solve rate reaches `stop_at`; returns where it stopped and the answer-token accuracy."""
-    n_image = arch.maze_size ** 2
-    prompter = ChatPrompter(processor.tokenizer, n_image, INSTRUCTION)
+    g = cfg.generator
+    prompter = ChatPrompter(processor.tokenizer, arch.maze_size ** 2, INSTRUCTION)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
-    env = MazeEnv(size=arch.maze_size, cell_px=arch.cell_px, max_turns=max_turns)
+    env = MazeEnv(size=arch.maze_size, cell_px=arch.cell_px, max_turns=g.max_turns)
     rng = random.Random(seed)
     pool, next_seed, accs = [], SFT_SEEDS, []
     bar = tqdm(range(1, max_steps + 1), desc="SFT stage B (agent)", unit="step")
@@ -133,7 +135,8 @@ def agent_stage(model, processor, arch, max_steps: int, batch: int, lr: float, s
         while len(pool) < 4 * batch:
             env.reset(seed=next_seed)
             next_seed += 1
-            pool += expert_turns(env, prompter, processor.tokenizer, window, rng, eps)
+            pool += expert_turns(env, prompter, processor.tokenizer, g.context_window_turns, g.context_pictures,
+                                 rng, eps)
         rng.shuffle(pool)
         chunk, pool = pool[:batch], pool[batch:]
         logp, logp_all = sampled_logprobs(model, collate(chunk, processor, "cpu"), with_distribution=True)
@@ -145,7 +148,7 @@ def agent_stage(model, processor, arch, max_steps: int, batch: int, lr: float, s
         with torch.no_grad():  # the answer token is the model's top choice
             accs.append(float((logp >= logp_all.max(-1).values - 1e-6).float().mean()))
         if step % check_every == 0:
-            rate = validation_solve_rate(model, processor, prompter, window, max_turns)
+            rate = validation_solve_rate(model, processor, prompter, cfg)
             checks.append((step, rate))
             bar.set_postfix(loss=f"{loss.item():.3f}", tok_acc=f"{np.mean(accs[-20:]):.3f}", val_solve=f"{rate:.3f}")
             if rate >= stop_at:
@@ -154,49 +157,70 @@ def agent_stage(model, processor, arch, max_steps: int, batch: int, lr: float, s
             "agent_answer_token_accuracy": float(np.mean(accs[-check_every:]))}
 
 
-def greedy_solve_rate(folder: str, cfg_overrides: list[str]) -> dict:
+def greedy_solve_rate(folder: str, overrides: list[str]) -> dict:
+    """The shipped model on the default eval set, through the same path as --eval-only."""
     from rl.session import evaluate_locally
     from settings import load_config
-    cfg = load_config(None, [f"trainer.policy.model.path={folder}", "trainer.run_dir=runs/sft-eval"] + cfg_overrides)
+    cfg = load_config(None, list(overrides) + [f"trainer.policy.model.path={folder}", "trainer.run_dir=runs/sft-eval",
+                                               "data.dataset_dir=runs/sft-eval/data"])
     return evaluate_locally(cfg, None, None).summary()
 
 
 def main(argv=None):
+    from settings import load_config
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="assets/maze-vl-base")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--perception-steps", type=int, default=4000)
-    ap.add_argument("--agent-max-steps", type=int, default=1000)
+    ap.add_argument("--perception-steps", type=int, default=3000)
+    ap.add_argument("--agent-max-steps", type=int, default=1500)
     ap.add_argument("--stop-at", type=float, default=0.40, help="stop stage B once validation solve rate >= this")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--window", type=int, default=1, help="context window (turns), as generator.context_window_turns")
-    ap.add_argument("--max-turns", type=int, default=15)
+    ap.add_argument("--perception-cache", metavar="DIR",
+                    help="reuse (or save) the model after stage A here: iterate on stage B without redoing A")
+    ap.add_argument("overrides", nargs="*", help="config overrides; the chat format (context window, pictures, "
+                                                 "max_turns) comes from configs/default.yaml")
     args = ap.parse_args(argv)
+    cfg = load_config(None, args.overrides)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     started = time.time()
-    arch = EmbeddedArch()
+    arch = EmbeddedArch(cell_px=cfg.environment.cell_px)
     model, processor = build_random_base(arch, args.seed)
+    cache = Path(args.perception_cache) if args.perception_cache else None
+    if cache is not None and (cache / "model.safetensors").exists():
+        from safetensors.torch import load_file
+        model.load_state_dict(load_file(str(cache / "model.safetensors")))
+        cell_acc = json.loads((cache / "perception.json").read_text())["cell_accuracy"]
+    else:
+        model.train()
+        cell_acc = perception_stage(model, processor, arch, args.perception_steps, 32, 1e-3, args.seed)
+        if cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+            from safetensors.torch import save_file
+            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(cache / "model.safetensors"))
+            (cache / "perception.json").write_text(json.dumps({"cell_accuracy": cell_acc,
+                                                               "steps": args.perception_steps, "seed": args.seed}))
+    torch.manual_seed(args.seed + 1)
     model.train()
-    cell_acc = perception_stage(model, processor, arch, args.perception_steps, 32, 1e-3, args.seed)
-    agent = agent_stage(model, processor, arch, args.agent_max_steps, 64, 1e-3, args.seed, args.window,
-                        args.max_turns, args.stop_at)
+    agent = agent_stage(model, processor, arch, cfg, args.agent_max_steps, 64, 1e-3, args.seed, args.stop_at)
     model.eval()
     out = Path(args.out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     processor.save_pretrained(tmp)
-    wall = time.time() - started
+    g = cfg.generator
     report = {"seed": args.seed, "arch": asdict(arch), "params": sum(p.numel() for p in model.parameters()),
               "perception_steps": args.perception_steps, "perception_cell_accuracy": cell_acc, **agent,
-              "context_window_turns": args.window, "sft_wall_s": round(wall, 1)}
+              "chat_format": {"context_window_turns": g.context_window_turns, "context_pictures": g.context_pictures,
+                              "max_turns": g.max_turns},
+              "sft_wall_s": round(time.time() - started, 1)}
     (tmp / "sft_report.json").write_text(json.dumps(report, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    report["eval"] = greedy_solve_rate(str(out), [f"generator.context_window_turns={args.window}",
-                                                   f"generator.max_turns={args.max_turns}"])
+    report["eval"] = greedy_solve_rate(str(out), args.overrides)
     (out / "sft_report.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
 

@@ -32,8 +32,8 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
     if dist.is_initialized():
         return
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(torch.device(device))
+    if backend == "nccl":  # Ray sets CUDA_VISIBLE_DEVICES: the actor's GPU is index 0 unless named
+        torch.cuda.set_device(torch.device(device).index or 0)
     os.environ.setdefault("MASTER_ADDR", master_addr)
     os.environ.setdefault("MASTER_PORT", str(master_port))
     dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,

@@ -1,0 +1,77 @@
+"""Model loading from a local folder, s3:// (a real local S3 server) and a Hugging Face id (a local
+hub stand-in), and the chat prompt pieces against the processor's own template."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vlm.load import load_model, resolve_model_path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def same_weights(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_local_folder_and_s3(tiny_model_dir, s3_server, tmp_path, capsys):
+    from settings.schema import S3Config
+    local, processor = load_model(tiny_model_dir)
+    assert type(processor).__name__ == "ImageOnlyQwen3VLProcessor"
+    client = s3_server.client()
+    client.create_bucket(Bucket="models")
+    for f in Path(tiny_model_dir).iterdir():
+        client.upload_file(str(f), "models", f"sft/tiny/{f.name}")
+    cfg = S3Config(endpoint_url=s3_server.url)
+    folder = resolve_model_path("s3://models/sft/tiny", cfg, cache_dir=tmp_path)
+    assert "=== Downloading SFT checkpoint ===" in capsys.readouterr().out
+    from_s3, _ = load_model(folder)
+    assert same_weights(local, from_s3)
+    resolve_model_path("s3://models/sft/tiny", cfg, cache_dir=tmp_path)  # cached: no second download
+    assert "Downloading" not in capsys.readouterr().out
+
+
+def test_hugging_face_id_through_a_local_hub(tiny_model_dir, tmp_path):
+    from tests.fake_hub import FakeHub
+    hub = FakeHub("visgym/tiny-maze-sft", tiny_model_dir)
+    try:
+        code = ("import sys; sys.path.insert(0, %r)\n"
+                "from vlm.load import resolve_model_path, load_model\n"
+                "p = resolve_model_path('visgym/tiny-maze-sft', cache_dir=%r)\n"
+                "m, proc = load_model(p); print('OK', p, type(proc).__name__)") % (str(ROOT), str(tmp_path))
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "0"}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "=== Downloading SFT checkpoint ===" in out.stdout and "OK" in out.stdout
+        assert any("/resolve/" in p for _, p in hub.requests)
+    finally:
+        hub.stop()
+
+
+def test_unknown_model_path_is_a_clear_error(tmp_path):
+    import pytest
+    with pytest.raises(FileNotFoundError, match="trainer.policy.model.path"):
+        resolve_model_path(str(tmp_path / "nope" / "deeper" / "still"))
+
+
+def test_prompt_pieces_equal_the_processors_own_template(tiny_model_dir):
+    """Token-in-token-out pieces == tokenizing the chat rendered by the processor's template."""
+    from envs.prompt import INSTRUCTION
+    from vlm.chat import ChatPrompter
+    from vlm.processor import load_processor
+    proc = load_processor(tiny_model_dir)
+    prompter = ChatPrompter(proc.tokenizer, 81, INSTRUCTION)
+    answer = proc.tokenizer.encode("<action>up</action>", add_special_tokens=False)
+    ids, pictures = prompter.prompt(["", "Moved up."], [answer], window=0, pictures=1)
+    messages = [{"role": "system", "content": INSTRUCTION},
+                {"role": "user", "content": [{"type": "text", "text": ""}]},
+                {"role": "assistant", "content": "<action>up</action>"},
+                {"role": "user", "content": [{"type": "text", "text": "Moved up."}, {"type": "image"}]}]
+    text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    img = np.zeros((144, 144, 3), np.uint8)
+    enc = proc(text=[text], images=[img], return_tensors="np")
+    assert enc["input_ids"][0].tolist() == ids and pictures == [1]
