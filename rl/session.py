@@ -94,6 +94,7 @@ class Session:
         self.log_file = None
         self.restarts = 0
         self.recoveries: list[dict] = []
+        self.pending_metrics: dict = {}  # reported with the next logged step (restore time, recoveries)
 
     # ---- actors -------------------------------------------------------------------------------
     def start_actors(self) -> None:
@@ -251,6 +252,7 @@ class Session:
                 self.engines.load_adapter({"path": str(folder), "version": version})
             self.sampler.load_state_dict(trainer_state["sampler"])
             self.step, self.version, self.adapter_dir = int(trainer_state["global_step"]), version, str(folder)
+        self.pending_metrics["ckpt/restore_s"] = self.phases.seconds["restore"]
         print(f"resumed from {t.ckpt_path if mode == 'latest' else t.resume_path} at step {self.step} "
               f"(adapter v{version}) in {self.phases.seconds['restore']:.1f}s", flush=True)
 
@@ -258,7 +260,8 @@ class Session:
     def log(self, step: int, metrics: dict) -> None:
         if self.log_file is None:
             self.log_file = RunLog(str(self.run_dir), resume_from_step=self.step)
-        self.log_file.log(step, metrics)
+        self.log_file.log(step, {**metrics, **self.pending_metrics, "time": time.time()})
+        self.pending_metrics = {}
 
     def step_line(self, step: int, m: dict) -> str:
         solve = f" | eval solve {100 * m['eval/all/avg_score']:.1f}%" if "eval/all/avg_score" in m else ""

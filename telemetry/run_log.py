@@ -51,7 +51,8 @@ class RunLog:
                  for k, v in metrics.items()}
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": step, **clean}, sort_keys=True) + "\n")
-        numbers = {k: v for k, v in clean.items() if isinstance(v, float) and math.isfinite(v)}
+        numbers = {k: v for k, v in clean.items()
+                   if isinstance(v, float) and math.isfinite(v) and k != "time"}  # time: wall clock, not a metric
         if self.tb is not None:
             for k, v in numbers.items():
                 self.tb.add_scalar(k, v, step)
