@@ -36,8 +36,8 @@ def parse_args(argv):
     ap.add_argument("--adapter", metavar="DIR", help="with --eval-only: a LoRA adapter folder or s3:// prefix")
     ap.add_argument("--chaos-kill-every", type=int, default=0, metavar="N",
                     help="kill a random actor every N steps (tests your recovery set-up; see docs/fault-tolerance.md)")
-    ap.add_argument("--chaos-method", choices=("sigkill", "ray_kill"), default="sigkill",
-                    help="how --chaos-kill-every kills: SIGKILL of the actor's process, or ray.kill")
+    ap.add_argument("--chaos-method", choices=("sigkill", "ray_kill", "mixed"), default="sigkill",
+                    help="how --chaos-kill-every kills: SIGKILL of the actor's process, ray.kill, or alternating")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.train_batch_size=24")
     return ap.parse_args(argv)
 
@@ -90,8 +90,8 @@ def train(cfg, chaos_kill_every: int = 0, chaos_method: str = "sigkill") -> dict
         if cfg.trainer.stop_after_step and step >= cfg.trainer.stop_after_step:
             bar.write(f"stopping after step {step} (trainer.stop_after_step); resume with trainer.resume_mode=latest")
             break
-        if chaos_kill_every and step % chaos_kill_every == 0 and step < s.total_steps:
-            s.chaos_kill(chaos_method)
+        if chaos_kill_every and step % chaos_kill_every == 0 and step < s.total_steps and step not in s.chaos_steps:
+            s.chaos_kill(chaos_method)  # once per step number, so a redone step is not killed again
     bar.close()
     return s.finish()
 

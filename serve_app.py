@@ -16,7 +16,6 @@ import json
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -153,7 +152,7 @@ class MultiLoraServer:
         """Concurrent requests, grouped by adapter; one model call per (adapter, sampling) group."""
         results: list = [None] * len(items)
         by_adapter: dict = {}
-        for i, (req, adapter) in enumerate(items):
+        for i, (_, adapter) in enumerate(items):
             by_adapter.setdefault(adapter, []).append(i)
         for adapter, idx in by_adapter.items():
             try:

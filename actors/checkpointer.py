@@ -110,7 +110,7 @@ class Checkpointer:
             problem = self.verify(step)
             if problem is None:
                 return step
-            warnings.warn(f"skipping checkpoint {self.path}/{step_dir(step)}: {problem}")
+            warnings.warn(f"skipping checkpoint {self.path}/{step_dir(step)}: {problem}", stacklevel=2)
         return None
 
     def verify(self, step: int) -> str | None:

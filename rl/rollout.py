@@ -71,7 +71,7 @@ class Episode:
     def sequences(self) -> list[TrainSeq]:
         """Training sequences: a turn whose prompt extends the previous sequence joins it."""
         seqs: list[TrainSeq] = []
-        for k, turn in enumerate(self.turns):
+        for turn in self.turns:
             cur = seqs[-1] if seqs else None
             if cur is not None and turn.prompt_ids[:len(cur.input_ids)] == cur.input_ids:
                 extra = turn.prompt_ids[len(cur.input_ids):]

@@ -94,6 +94,8 @@ class Session:
         self.log_file = None
         self.restarts = 0
         self.recoveries: list[dict] = []
+        self.chaos_kills = 0
+        self.chaos_steps: set[int] = set()
         self.pending_metrics: dict = {}  # reported with the next logged step (restore time, recoveries)
 
     # ---- actors -------------------------------------------------------------------------------
@@ -255,6 +257,55 @@ class Session:
         self.pending_metrics["ckpt/restore_s"] = self.phases.seconds["restore"]
         print(f"resumed from {t.ckpt_path if mode == 'latest' else t.resume_path} at step {self.step} "
               f"(adapter v{version}) in {self.phases.seconds['restore']:.1f}s", flush=True)
+
+    def recover(self, failure: Exception, step: int) -> None:
+        """An actor died: tear every actor group down, rebuild it, reload the latest checkpoint."""
+        from placement.launch import teardown
+        self.restarts += 1
+        cause = str(failure).strip().splitlines()[0][:300] if str(failure).strip() else type(failure).__name__
+        if self.restarts > self.cfg.trainer.max_restarts:
+            raise RuntimeError(f"giving up after {self.restarts - 1} restarts (trainer.max_restarts="
+                               f"{self.cfg.trainer.max_restarts}); last failure at step {step}: {cause}") from failure
+        print(f"RECOVERY {self.restarts}/{self.cfg.trainer.max_restarts}: step {step} failed: {cause}", flush=True)
+        started, completed = time.perf_counter(), self.step
+        teardown(self.actors)
+        self.start_actors()
+        self.step, self.version, self.adapter_dir = 0, 0, None
+        self.sampler.epoch = self.sampler.cursor = 0
+        self.resume(force_latest=True)
+        if self.log_file is not None:
+            self.log_file.rewind(self.step)
+        record = {"restart": self.restarts, "failed_step": step, "resumed_from": self.step,
+                  "steps_lost": completed - self.step, "cause": cause, "rebuild_s": time.perf_counter() - started}
+        self.recoveries.append(record)
+        with open(self.run_dir / "recoveries.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.pending_metrics |= {"recovery/restarts": self.restarts, "recovery/steps_lost": record["steps_lost"]}
+        print(f"RECOVERY {self.restarts}: resumed at step {self.step}; {record['steps_lost']} completed step(s) "
+              f"lost, the failed step {step} is redone ({record['rebuild_s']:.1f}s)", flush=True)
+
+    def chaos_kill(self, method: str = "sigkill") -> str:
+        """--chaos-kill-every: kill a random actor, by SIGKILL of its process (as a crash would), with
+        ray.kill, or alternating between the two ("mixed")."""
+        import os
+        import signal
+
+        import ray
+        name, handle = random.Random(self.step).choice(sorted(self.actors.all_handles().items()))
+        if method == "mixed":
+            method = ("sigkill", "ray_kill")[self.chaos_kills % 2]
+        self.chaos_kills += 1
+        self.chaos_steps.add(self.step)
+        with open(self.run_dir / "chaos.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), "after_step": self.step, "actor": name, "method": method}) + "\n")
+        if method == "ray_kill":
+            print(f"CHAOS: ray.kill({name}) after step {self.step}", flush=True)
+            ray.kill(handle)
+        else:
+            pid = ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()))
+            print(f"CHAOS: SIGKILL {name} (pid {pid}) after step {self.step}", flush=True)
+            os.kill(pid, signal.SIGKILL)
+        return name
 
     # ---- logging ------------------------------------------------------------------------------
     def log(self, step: int, metrics: dict) -> None:

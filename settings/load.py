@@ -61,7 +61,7 @@ def _leaf_keys(node, prefix=""):
 def _check_keys(node, source: str):
     if not isinstance(node, (dict, DictConfig)):
         raise ConfigError(f"{source}: expected a mapping of config keys at the top level")
-    for key, value in _leaf_keys(node):
+    for key, _ in _leaf_keys(node):
         if key in VALID_KEYS or any(key.startswith(f + ".") for f in _FREE_FORM):
             continue
         section_keys = [v for v in VALID_KEYS if v.startswith(key + ".")]

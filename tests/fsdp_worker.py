@@ -23,5 +23,26 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
     state = shard.state_dict()
     if rank == 0:
         with open(os.path.join(out_dir, "result.pkl"), "wb") as f:
-            pickle.dump({"metrics": metrics, "before": before, "optimizer_steps": state["optimizer_steps"]}, f)
+            pickle.dump({"metrics": metrics, "before": before, "optimizer_steps": state["optimizer_steps"],
+                         "state": state}, f)
+    shard.shutdown()
+
+
+def load_rank(rank, world_size, port, model_dir, state_path, out_dir):
+    """Restore a checkpointed state into this many shards, then write the adapter and state back."""
+    import torch
+    torch.set_num_threads(1)
+    from actors.policy_shard import FSDPPolicyShard
+
+    with open(state_path, "rb") as f:
+        state = pickle.load(f)  # written by the test itself
+    shard = FSDPPolicyShard(model_dir, rank=rank, world_size=world_size, device="cpu",
+                            lora={"rank": 4, "alpha": 8}, optimizer={"lr": 1e-2}, seed=123)
+    shard.setup("127.0.0.1", port)
+    shard.load_state_dict(state)
+    shard.save_adapter(os.path.join(out_dir, "adapter"))
+    again = shard.state_dict()
+    if rank == 0:
+        with open(os.path.join(out_dir, "restored.pkl"), "wb") as f:
+            pickle.dump(again, f)
     shard.shutdown()

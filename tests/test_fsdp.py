@@ -2,7 +2,6 @@
 import pickle
 
 import numpy as np
-import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
@@ -86,7 +85,7 @@ def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path):
         logp, _ = sampled_logprobs(model, collate([it.seq for it in chunk], processor, "cpu"))
         counts = [it.n_scored for it in chunk]
 
-        def flat(values):
+        def flat(values, counts=counts):
             return torch.tensor(np.concatenate([np.full(c, v) for c, v in zip(counts, values)]), dtype=torch.float32)
 
         w, adv = flat([it.token_weight for it in chunk]), flat([it.advantage for it in chunk])
@@ -104,3 +103,27 @@ def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path):
     for k in plain:
         torch.testing.assert_close(plain[k], lora_two[k], atol=5e-5, rtol=1e-4)
     assert np.isfinite(first_loss)
+
+
+def test_a_checkpoint_from_one_shard_loads_into_two(tiny_model_dir, tmp_path):
+    """LoRA and optimizer states are saved gathered, so a resume may change the world size."""
+    from tests.fsdp_worker import load_rank
+    items = make_items(tiny_model_dir)
+    one, lora_one = train_with(1, tiny_model_dir, tmp_path, items)
+    state = {"lora": lora_one, **one["state"]}
+    state_path = tmp_path / "state.pkl"
+    state_path.write_bytes(pickle.dumps(state))
+    out = tmp_path / "two"
+    out.mkdir()
+    mp.start_processes(load_rank, args=(2, free_port(), tiny_model_dir, str(state_path), str(out)),
+                       nprocs=2, start_method="spawn", join=True)
+    restored = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert restored.keys() == lora_one.keys()
+    for k in lora_one:
+        assert torch.equal(restored[k], lora_one[k]), k
+    again = pickle.loads((out / "restored.pkl").read_bytes())
+    assert again["optimizer_steps"] == one["state"]["optimizer_steps"]
+    assert again["scheduler"] == one["state"]["scheduler"]
+    for name, st in one["state"]["optimizer"]["state"].items():
+        for k, v in st.items():
+            assert torch.equal(again["optimizer"]["state"][name][k], v), (name, k)

@@ -5,7 +5,6 @@ import io
 import json
 import shutil
 import socket
-import time
 
 import numpy as np
 import pytest

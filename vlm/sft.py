@@ -36,7 +36,6 @@ from envs.actions import ACTIONS, MOVES
 from envs.expert import direction_field, expert_actions
 from envs.maze import MazeEnv
 from envs.prompt import INSTRUCTION, action_text
-from rl.batch import TrainItem
 from rl.rollout import TrainSeq
 from vlm.build import EmbeddedArch, build_random_base
 from vlm.chat import ChatPrompter
