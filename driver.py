@@ -39,7 +39,7 @@ def parse_args(argv):
     ap.add_argument("--chaos-method", choices=("sigkill", "ray_kill", "mixed"), default="sigkill",
                     help="how --chaos-kill-every kills: SIGKILL of the actor's process, ray.kill, or alternating")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.train_batch_size=24")
-    return ap.parse_args(argv)
+    return ap.parse_intermixed_args(argv)
 
 
 def train(cfg, chaos_kill_every: int = 0, chaos_method: str = "sigkill") -> dict:

@@ -34,7 +34,8 @@ class FSDPPolicyShard:
         self.optim_cfg = {"lr": 1e-4, "adam_betas": [0.9, 0.999], "weight_decay": 0.0, "max_grad_norm": 1.0,
                           "num_warmup_steps": 0, "scheduler": "constant_with_warmup", **(optimizer or {})}
         self.total_steps, self.seed, self.cpu_offload, self.s3_cfg = total_steps, seed, cpu_offload, s3_cfg
-        self.dtype = getattr(torch, dtype)
+        # master weights stay fp32; on GPUs FSDP2 computes in bf16 (vlm.sharding.shard_model)
+        self.dtype, self.bf16_compute = torch.float32, dtype == "bfloat16"
         if threads:
             torch.set_num_threads(threads)
         self.model = None
@@ -61,23 +62,14 @@ class FSDPPolicyShard:
                             target_modules=target if target == "all-linear" else [t.strip() for t in target.split(",")])
         self.model = get_peft_model(base, config)
         self.model.train()
-        shard_model(self.model, self.device, self.cpu_offload)
+        shard_model(self.model, self.device, self.cpu_offload, bf16_compute=self.bf16_compute)
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = self.optim_cfg
         self.optimizer = torch.optim.AdamW(params, lr=o["lr"], betas=tuple(o["adam_betas"]),
                                            weight_decay=o["weight_decay"])
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(self.optim_cfg, self.total_steps))
         self.optimizer_steps = 0
         return sum(p.numel() for p in params)
-
-    def _lr_factor(self, step: int) -> float:
-        warm = self.optim_cfg["num_warmup_steps"]
-        if warm and step < warm:
-            return (step + 1) / warm
-        if self.optim_cfg["scheduler"] == "cosine_with_warmup":
-            progress = min(1.0, (step - warm) / max(1, self.total_steps - warm))
-            return 0.5 * (1 + math.cos(math.pi * progress))
-        return 1.0
 
     # ---- forward passes -----------------------------------------------------------------------
     def logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> list[np.ndarray]:
@@ -226,6 +218,22 @@ class FSDPPolicyShard:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def lr_schedule(optim_cfg: dict, total_steps: int):
+    """LR factor by optimizer step: linear warmup, then constant or cosine. A plain closure, not a
+    bound method: LambdaLR saves a method's __dict__, which Ray fills with non-tensor objects that
+    weights_only loading rightly refuses."""
+    warm, cosine = optim_cfg["num_warmup_steps"], optim_cfg["scheduler"] == "cosine_with_warmup"
+
+    def factor(step: int) -> float:
+        if warm and step < warm:
+            return (step + 1) / warm
+        if cosine:
+            progress = min(1.0, (step - warm) / max(1, total_steps - warm))
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+    return factor
 
 
 def _peft_key(name: str) -> str:

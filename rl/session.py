@@ -281,8 +281,8 @@ class Session:
         with open(self.run_dir / "recoveries.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         self.pending_metrics |= {"recovery/restarts": self.restarts, "recovery/steps_lost": record["steps_lost"]}
-        print(f"RECOVERY {self.restarts}: resumed at step {self.step}; {record['steps_lost']} completed step(s) "
-              f"lost, the failed step {step} is redone ({record['rebuild_s']:.1f}s)", flush=True)
+        print(f"RECOVERY {self.restarts}: resumed at step {self.step}; {record['steps_lost']} step(s) done since "
+              f"that checkpoint are lost and redone ({record['rebuild_s']:.1f}s)", flush=True)
 
     def chaos_kill(self, method: str = "sigkill") -> str:
         """--chaos-kill-every: kill a random actor, by SIGKILL of its process (as a crash would), with

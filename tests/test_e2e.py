@@ -14,7 +14,9 @@ def tiny_run_args(model_dir, run):
             "trainer.policy_mini_batch_size=1", "trainer.epochs=1", "generator.n_samples_per_prompt=2",
             "generator.max_turns=3", f"trainer.export_path={run}/exports", f"trainer.ckpt_path={run}/ckpts",
             "trainer.hf_save_interval=1", "trainer.eval_interval=1", "trainer.placement.cpus_per_bundle=1",
-            "trainer.algorithm.use_kl_loss=true"]
+            "trainer.algorithm.use_kl_loss=true",
+            # a random tiny model rarely solves a maze: keep all-zero groups so every step trains
+            "trainer.algorithm.filter_zero_advantage_groups=false"]
 
 
 def run_driver(args, timeout=600, env_extra=None):

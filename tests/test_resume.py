@@ -17,7 +17,7 @@ def tiny(model_dir, run):
             "generator.max_turns=3", f"trainer.export_path={run}/exports", f"trainer.ckpt_path={run}/ckpts",
             "trainer.hf_save_interval=100", "trainer.eval_interval=2", "trainer.ckpt_interval=2",
             "trainer.placement.cpus_per_bundle=1", "trainer.algorithm.use_kl_loss=true",
-            "generator.sampling_params.temperature=1.5"]
+            "generator.sampling_params.temperature=1.5", "trainer.algorithm.filter_zero_advantage_groups=false"]
 
 
 def stable(history):
@@ -57,7 +57,8 @@ def test_killed_actors_are_rebuilt_and_the_run_finishes(tiny_model_dir, tmp_path
     kills = [json.loads(line) for line in (run / "chaos.jsonl").read_text().splitlines()]
     recoveries = [json.loads(line) for line in (run / "recoveries.jsonl").read_text().splitlines()]
     assert [k["method"] for k in kills] == ["sigkill", "ray_kill"] and [k["after_step"] for k in kills] == [2, 4]
-    assert [(r["resumed_from"], r["steps_lost"]) for r in recoveries] == [(0, 2), (3, 1)]
+    # the Checkpointer dies after step 2, so the save of step 3 fails: steps 1-3 are redone from step 0
+    assert [(r["resumed_from"], r["steps_lost"]) for r in recoveries] == [(0, 3), (3, 1)]
     steps = [h["step"] for h in read(run)]
     assert steps == [0, 1, 2, 3, 4, 5, 6]  # no gap, no repeat
     assert "RECOVERY" in out.stdout

@@ -189,16 +189,16 @@ def main(argv=None):
     model, processor = build_random_base(arch, args.seed)
     cache = Path(args.perception_cache) if args.perception_cache else None
     if cache is not None and (cache / "model.safetensors").exists():
-        from safetensors.torch import load_file
-        model.load_state_dict(load_file(str(cache / "model.safetensors")))
+        from safetensors.torch import load_model
+        load_model(model, str(cache / "model.safetensors"))  # handles the tied embeddings
         cell_acc = json.loads((cache / "perception.json").read_text())["cell_accuracy"]
     else:
         model.train()
         cell_acc = perception_stage(model, processor, arch, args.perception_steps, 32, 1e-3, args.seed)
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
-            from safetensors.torch import save_file
-            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(cache / "model.safetensors"))
+            from safetensors.torch import save_model
+            save_model(model, str(cache / "model.safetensors"))
             (cache / "perception.json").write_text(json.dumps({"cell_accuracy": cell_acc,
                                                                "steps": args.perception_steps, "seed": args.seed}))
     torch.manual_seed(args.seed + 1)

@@ -40,11 +40,15 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
                             world_size=world_size)
 
 
-def shard_model(model, device: str, cpu_offload: bool = False):
-    """Apply FSDP2 to each transformer block, then the whole model."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+def shard_model(model, device: str, cpu_offload: bool = False, bf16_compute: bool = False):
+    """Apply FSDP2 to each transformer block, then the whole model. With bf16_compute the
+    parameters stay fp32 (the optimizer's master copy) and are cast to bf16 for compute, with
+    gradients reduced in fp32 (FSDP2's MixedPrecisionPolicy)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kwargs = {"offload_policy": CPUOffloadPolicy()} if cpu_offload and device != "cpu" else {}
+    if bf16_compute:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     blocks = [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "VisionBlock"))]
     for block in blocks:
         fully_shard(block, **kwargs)
