@@ -3,17 +3,22 @@ import os
 import pickle
 
 
-def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
+def _shard(rank, world_size, port, model_dir, seed):
     import torch
     torch.set_num_threads(1)
     from actors.policy_shard import FSDPPolicyShard
+    shard = FSDPPolicyShard(model_dir, rank=rank, world_size=world_size, device="cpu",
+                            lora={"rank": 4, "alpha": 8}, optimizer={"lr": 1e-2}, seed=seed)
+    shard.setup("127.0.0.1", port)
+    return shard
+
+
+def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
     from rl.batch import split_for_ranks
 
     with open(items_path, "rb") as f:
         items = pickle.load(f)  # written by the test itself
-    shard = FSDPPolicyShard(model_dir, rank=rank, world_size=world_size, device="cpu",
-                            lora={"rank": 4, "alpha": 8}, optimizer={"lr": 1e-2}, seed=0)
-    shard.setup("127.0.0.1", port)
+    shard = _shard(rank, world_size, port, model_dir, seed=0)
     algo = {"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_estimator_type": "k3", "eps_clip_low": 0.2,
             "eps_clip_high": 0.2, "entropy_coef": 0.0}
     mine = split_for_ranks(items, world_size)[rank]
@@ -30,15 +35,9 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
 
 def load_rank(rank, world_size, port, model_dir, state_path, out_dir):
     """Restore a checkpointed state into this many shards, then write the adapter and state back."""
-    import torch
-    torch.set_num_threads(1)
-    from actors.policy_shard import FSDPPolicyShard
-
     with open(state_path, "rb") as f:
         state = pickle.load(f)  # written by the test itself
-    shard = FSDPPolicyShard(model_dir, rank=rank, world_size=world_size, device="cpu",
-                            lora={"rank": 4, "alpha": 8}, optimizer={"lr": 1e-2}, seed=123)
-    shard.setup("127.0.0.1", port)
+    shard = _shard(rank, world_size, port, model_dir, seed=123)
     shard.load_state_dict(state)
     shard.save_adapter(os.path.join(out_dir, "adapter"))
     again = shard.state_dict()

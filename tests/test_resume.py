@@ -4,20 +4,17 @@ import json
 
 from safetensors.torch import load_file
 
-from tests.test_e2e import run_driver
+from tests.test_e2e import run_driver, tiny_run_args
 
 VOLATILE = ("timing/", "time", "ckpt/", "sync/adapter_load_s", "generate/tokens_per_s", "generate/episodes_per_min",
             "recovery/")
 
 
 def tiny(model_dir, run):
-    return [f"trainer.policy.model.path={model_dir}", f"trainer.run_dir={run}", f"data.dataset_dir={run}/data",
-            "data.train_size=8", "data.eval_size=4", "data.solvable_only=false", "trainer.train_batch_size=2",
-            "trainer.policy_mini_batch_size=1", "trainer.epochs=1", "generator.n_samples_per_prompt=2",
-            "generator.max_turns=3", f"trainer.export_path={run}/exports", f"trainer.ckpt_path={run}/ckpts",
-            "trainer.hf_save_interval=100", "trainer.eval_interval=2", "trainer.ckpt_interval=2",
-            "trainer.placement.cpus_per_bundle=1", "trainer.algorithm.use_kl_loss=true",
-            "generator.sampling_params.temperature=1.5", "trainer.algorithm.filter_zero_advantage_groups=false"]
+    """The e2e run, four steps long, evaluated and checkpointed every second step (later keys win)."""
+    return tiny_run_args(model_dir, run) + ["data.train_size=8", "trainer.hf_save_interval=100",
+                                            "trainer.eval_interval=2", "trainer.ckpt_interval=2",
+                                            "generator.sampling_params.temperature=1.5"]
 
 
 def stable(history):
