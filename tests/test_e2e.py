@@ -36,7 +36,11 @@ def test_two_grpo_steps_through_ray_actors(tiny_model_dir, tmp_path):
                 "generate/avg_num_tokens", "timing/generate", "timing/train", "timing/ref", "timing/sync",
                 "eval/all/avg_score", "sync/adapter_version"):
         assert key in last, key
-    assert last["sync/adapter_version"] == 2 and last["policy/optimizer_steps"] == 2
+    # a step is (train_batch_size / policy_mini_batch_size) optimizer steps per update epoch
+    from settings import load_config
+    t = load_config(None, tiny_run_args(tiny_model_dir, run)).trainer
+    per_step = t.train_batch_size // t.policy_mini_batch_size * t.update_epochs_per_batch
+    assert last["sync/adapter_version"] == 2 and last["policy/optimizer_steps"] == per_step
     assert (run / "learning_curve.png").stat().st_size > 1000
     assert "solve rate: baseline" in out.stdout
     assert list((run / "tensorboard").glob("events.*"))
