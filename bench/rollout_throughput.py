@@ -24,8 +24,8 @@ def main():
     from rl.rollout import RolloutRunner, Task
     from rl.session import load_datasets, make_prompter
     from settings import load_config
-    from vlm.processor import load_processor
     from vlm.load import resolve_model_path
+    from vlm.processor import load_processor
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, nargs="+", default=[64, 512])

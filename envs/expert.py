@@ -5,8 +5,8 @@ from collections import deque
 
 import numpy as np
 
-from envs.generate import DELTAS
 from envs.actions import MOVES
+from envs.generate import DELTAS
 
 
 def shortest_path(maze: np.ndarray, start, goal) -> list[tuple[int, int]]:

@@ -31,7 +31,6 @@ from telemetry.run_log import RunLog
 from telemetry.timing import Phases
 from vlm.chat import ChatPrompter
 
-
 # What an actor's death looks like to the driver (a crashed, killed or unreachable actor).
 ACTOR_FAILURES = (RayActorError, ActorUnavailableError)
 

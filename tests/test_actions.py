@@ -1,5 +1,6 @@
 """Parsing the model's answer: both formats, last action wins, garbage never raises."""
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from envs.actions import ACTIONS, parse_action
 

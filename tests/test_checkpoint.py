@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors.checkpointer import MARKER, CheckpointError, Checkpointer
+from actors.checkpointer import MARKER, Checkpointer, CheckpointError
 from settings.schema import S3Config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -110,8 +110,8 @@ def test_loss_mask_covers_exactly_the_models_turns(engine, prompter, window, pic
             assert len(s.images) <= (pictures or 99)
             outside = tok.decode([t for t, m in zip(s.input_ids, s.loss_mask) if not m])
             assert INSTRUCTION in outside
-            lp = [l for l, m in zip(s.logprobs, s.loss_mask) if m]
-            assert all(l <= 0 for l in lp) and len(lp) == sum(s.loss_mask)
+            lp = [x for x, m in zip(s.logprobs, s.loss_mask) if m]
+            assert all(x <= 0 for x in lp) and len(lp) == sum(s.loss_mask)
         for turn in ep.turns[:-1]:
             assert turn.feedback and turn.feedback not in tok.decode(turn.response_ids)
 

@@ -4,7 +4,8 @@ from collections import deque
 import gymnasium as gym
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import envs  # noqa: F401  (registers maze_2d/easy and maze_2d/hard)
 from envs.actions import ACTIONS, MOVES
