@@ -15,6 +15,7 @@ from PIL import Image
 from envs.dataset import init_state
 from envs.maze import MazeEnv
 from envs.prompt import INSTRUCTION
+from vlm.chat import context_span
 
 
 def data_url(image: np.ndarray) -> str:
@@ -25,8 +26,7 @@ def data_url(image: np.ndarray) -> str:
 
 def messages_for(texts: list[str], answers: list[str], images: list[np.ndarray], window: int, pictures: int) -> list:
     n = len(texts)
-    first = 0 if window <= 0 else max(0, n - window)
-    with_picture = first if pictures <= 0 else max(first, n - pictures)
+    first, with_picture = context_span(n, window, pictures)
     msgs = [{"role": "system", "content": INSTRUCTION}]
     for k in range(first, n):
         content = [{"type": "text", "text": texts[k]}]

@@ -1,7 +1,5 @@
 """The serve app over real HTTP on 127.0.0.1: models, chat with images, adapters (local and S3),
 LRU eviction, the official openai client, and bad requests that never take the server down."""
-import base64
-import io
 import json
 import shutil
 import socket
@@ -9,8 +7,8 @@ import socket
 import numpy as np
 import pytest
 import requests
-from PIL import Image
 
+from serving.maze_client import data_url
 from tests.conftest import make_adapter
 from tests.test_e2e import ROOT
 
@@ -24,9 +22,7 @@ def free_port():
 def png_data_url(seed=0, side=144, noise=True):
     rng = np.random.default_rng(seed)
     img = rng.integers(0, 255, (side, side, 3), dtype=np.uint8) if noise else np.full((side, side, 3), 200, np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return data_url(img)
 
 
 def chat_body(model, image=True, **kw):

@@ -23,6 +23,14 @@ CHAT_TEMPLATE = (
 )
 
 
+def context_span(n_turns: int, window: int, pictures: int) -> tuple[int, int]:
+    """(first turn kept, first turn that keeps its picture) for the current turn n_turns - 1.
+    window=0 keeps every turn, window=K the last K; pictures=0 keeps every kept turn's picture,
+    pictures=P only the last P. The rollout and the API client (serving.maze_client) share it."""
+    first = 0 if window <= 0 else max(0, n_turns - window)
+    return first, first if pictures <= 0 else max(first, n_turns - pictures)
+
+
 class ChatPrompter:
     """Token pieces of the Qwen-VL chat: a system message, user turns with one picture, answers."""
 
@@ -63,8 +71,7 @@ class ChatPrompter:
         pictures=0 keeps the picture of every kept turn, pictures=P only the last P.
         """
         n = len(user_texts)
-        first = 0 if window <= 0 else max(0, n - window)
-        with_picture = first if pictures <= 0 else max(first, n - pictures)
+        first, with_picture = context_span(n, window, pictures)
         ids = list(self.head)
         for k in range(first, n):
             ids += self.user_turn(user_texts[k], picture=k >= with_picture)
