@@ -47,7 +47,7 @@ class FSDPPolicyShard:
 
     def setup(self, master_addr: str = "127.0.0.1", master_port: int = 29500) -> int:
         """Join the process group, load and shard the model, build optimizer and schedule."""
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         from vlm.load import load_model
 
@@ -56,11 +56,7 @@ class FSDPPolicyShard:
         base, self.processor = load_model(self.model_path, self.device, self.dtype, self.s3_cfg)
         for p in base.parameters():
             p.requires_grad_(False)
-        target = self.lora_cfg["target_modules"]
-        config = LoraConfig(r=self.lora_cfg["rank"], lora_alpha=self.lora_cfg["alpha"],
-                            lora_dropout=self.lora_cfg["dropout"],
-                            target_modules=target if target == "all-linear" else [t.strip() for t in target.split(",")])
-        self.model = get_peft_model(base, config)
+        self.model = get_peft_model(base, lora_config(self.lora_cfg))
         self.model.train()
         shard_model(self.model, self.device, self.cpu_offload, bf16_compute=self.bf16_compute)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -218,6 +214,14 @@ class FSDPPolicyShard:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def lora_config(lora: dict):
+    """PEFT's LoraConfig from `trainer.policy.model.lora` (target_modules: "all-linear" or "a,b,c")."""
+    from peft import LoraConfig
+    target = lora["target_modules"]
+    return LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                      target_modules=target if target == "all-linear" else [t.strip() for t in target.split(",")])
 
 
 def lr_schedule(optim_cfg: dict, total_steps: int):

@@ -16,7 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main():
     import torch
 
-    from actors.env_pool import EnvPool
     from actors.handles import EngineClient
     from actors.vllm_engine import VLLMEngine
     from envs.dataset import init_state
@@ -38,9 +37,7 @@ def main():
     train_rows, _ = load_datasets(cfg)
     engine = VLLMEngine(cfg.trainer.policy.model.path)
     prompter = make_prompter(load_processor(resolve_model_path(cfg.trainer.policy.model.path)), cfg)
-    runner = RolloutRunner(EngineClient([engine]).generate, EnvPool(cfg.environment.env_class, cfg.environment.cell_px,
-                                                                    g.max_turns),
-                           prompter, g.max_turns, g.max_input_length, g.context_window_turns, g.context_pictures)
+    runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate, prompter)
     sampling = Sampling(max_new_tokens=g.sampling_params.max_generate_length, temperature=g.sampling_params.temperature,
                         seed=1)
     print("| concurrent episodes | wall s | episodes/s | generated tokens/s | turns/episode | solved |")

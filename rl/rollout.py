@@ -96,6 +96,16 @@ class RolloutRunner:
         self.max_turns, self.max_input_length = max_turns, max_input_length
         self.window, self.pictures = context_window_turns, context_pictures
 
+    @classmethod
+    def from_config(cls, cfg, generate, prompter, env=None) -> "RolloutRunner":
+        """The run's turn limit, input length and context window; an in-process EnvPool unless `env` is given."""
+        g = cfg.generator
+        if env is None:
+            from actors.env_pool import EnvPool
+            env = EnvPool(cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)
+        return cls(generate, env, prompter, g.max_turns, g.max_input_length, g.context_window_turns,
+                   g.context_pictures)
+
     def run(self, tasks: list[Task], sampling: Sampling, expect_version: int, progress=None) -> list[Episode]:
         episodes = {t.episode_id: Episode(t.episode_id, t.group, t.seed, adapter_version=expect_version)
                     for t in tasks}

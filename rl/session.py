@@ -112,9 +112,7 @@ class Session:
             name="Checkpointer", namespace=cfg.ray.namespace, num_cpus=0).remote(
             cfg.trainer.ckpt_path, cfg.s3, cfg.trainer.max_ckpts_to_keep)
         self.engines = EngineClient(self.actors.engines)
-        self.runner = RolloutRunner(self.engines.generate, Sync(self.actors.env_pool), self.prompter,
-                                    cfg.generator.max_turns, cfg.generator.max_input_length,
-                                    cfg.generator.context_window_turns, cfg.generator.context_pictures)
+        self.runner = RolloutRunner.from_config(cfg, self.engines.generate, self.prompter, Sync(self.actors.env_pool))
 
     # ---- the phases of a step -----------------------------------------------------------------
     def rollouts(self, rows: list[dict], step: int):
@@ -341,7 +339,6 @@ def evaluate_locally(cfg, eval_set: str | None, adapter: str | None) -> EvalRepo
     """--eval-only: the engine and env pool in this process, no Ray needed."""
     import tempfile
 
-    from actors.env_pool import EnvPool
     from actors.vllm_engine import VLLMEngine
     from storage import is_s3, open_store
     from vlm.load import resolve_model_path
@@ -358,10 +355,7 @@ def evaluate_locally(cfg, eval_set: str | None, adapter: str | None) -> EvalRepo
             folder = open_store(adapter, cfg.s3).download_dir("", tempfile.mkdtemp(prefix="visrl-adapter-"))
         version = engine.load_adapter({"path": folder, "version": 1})
     processor = load_processor(resolve_model_path(cfg.trainer.policy.model.path, cfg.s3))
-    runner = RolloutRunner(EngineClient([engine]).generate, EnvPool(cfg.environment.env_class, cfg.environment.cell_px,
-                                                                    cfg.generator.max_turns),
-                           make_prompter(processor, cfg), cfg.generator.max_turns, cfg.generator.max_input_length,
-                           cfg.generator.context_window_turns, cfg.generator.context_pictures)
+    runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate, make_prompter(processor, cfg))
     report = evaluate(runner, eval_rows, eval_sampling(cfg).max_new_tokens, version)
     out = Path(cfg.trainer.run_dir) / "eval_only.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -101,7 +101,6 @@ def expert_turns(env: MazeEnv, prompter: ChatPrompter, tok, window: int, picture
 
 def validation_solve_rate(model, processor, prompter, cfg) -> float:
     """Greedy solve rate on 64 validation mazes (their own seeds: not the eval set)."""
-    from actors.env_pool import EnvPool
     from envs.dataset import init_state, make_rows
     from inference.hf_backend import HFBackend
     from inference.requests import Sampling
@@ -110,8 +109,7 @@ def validation_solve_rate(model, processor, prompter, cfg) -> float:
     g, env_id = cfg.generator, cfg.environment.env_class
     rows, _ = make_rows(env_id, VALIDATION_SEEDS, 64, g.max_turns, solvable_only=True)
     model.eval()
-    runner = RolloutRunner(HFBackend(model, processor).generate, EnvPool(env_id, cfg.environment.cell_px, g.max_turns),
-                           prompter, g.max_turns, g.max_input_length, g.context_window_turns, g.context_pictures)
+    runner = RolloutRunner.from_config(cfg, HFBackend(model, processor).generate, prompter)
     episodes = runner.run([Task(f"val{i}", i, init_state(r)) for i, r in enumerate(rows)],
                           Sampling(max_new_tokens=8, temperature=0.0), 0)
     model.train()
