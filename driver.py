@@ -58,7 +58,7 @@ def train(cfg, chaos_kill_every: int = 0, chaos_method: str = "sigkill") -> dict
               f"trainer.resume_mode=none or a new trainer.run_dir")
         return s.finish()
     if cfg.trainer.eval_before_train and s.step == 0:
-        s.log(0, s.evaluate())
+        s.log(0, s.evaluate(0))
     bar = tqdm(total=s.total_steps, initial=s.step, desc="GRPO", unit="step")
     while s.step < s.total_steps:
         step = s.step + 1
@@ -72,7 +72,7 @@ def train(cfg, chaos_kill_every: int = 0, chaos_method: str = "sigkill") -> dict
             metrics |= s.sync_weights()                       # adapter v{step} -> every engine
             last = step == s.total_steps or step == cfg.trainer.stop_after_step
             if step % cfg.trainer.eval_interval == 0 or last:
-                metrics |= s.evaluate()
+                metrics |= s.evaluate(step)
             if step % cfg.trainer.hf_save_interval == 0 or last:
                 metrics |= s.export(step)
             s.step = step

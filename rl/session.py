@@ -187,11 +187,12 @@ class Session:
         for v in versions[:-keep]:
             shutil.rmtree(self.run_dir / "adapters" / f"v{v}", ignore_errors=True)
 
-    def evaluate(self) -> dict:
+    def evaluate(self, step: int) -> dict:
+        """Greedy eval of the current adapter; per-maze results to eval/step_N.jsonl."""
         with self.phases("eval"):
             self.engines.wake_up()
             report = evaluate(self.runner, self.eval_rows, eval_sampling(self.cfg).max_new_tokens, self.version)
-        path = self.run_dir / "eval" / f"step_{self.step:05d}.jsonl"
+        path = self.run_dir / "eval" / f"step_{step:05d}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(m) + "\n" for m in report.per_maze))
         self.last_eval = report

@@ -44,6 +44,9 @@ def test_two_grpo_steps_through_ray_actors(tiny_model_dir, tmp_path):
     assert (run / "learning_curve.png").stat().st_size > 1000
     assert "solve rate: baseline" in out.stdout
     assert list((run / "tensorboard").glob("events.*"))
+    # each evaluation's per-maze file carries the step its metrics were logged at
+    evaluated = [h["step"] for h in history if "eval/all/avg_score" in h]
+    assert sorted(p.name for p in (run / "eval").glob("step_*.jsonl")) == [f"step_{s:05d}.jsonl" for s in evaluated]
     # the exported adapter is a PEFT adapter that peft itself loads
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
