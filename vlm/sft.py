@@ -4,10 +4,13 @@
 
 Stage A (perception) stands in for the vision pretraining a real VLM brings: the vision tower
 plus a throw-away linear probe learn, for every cell of a maze picture, the BFS expert's move
-from that cell (dense labels: 49 supervised cells a picture instead of one decision). Stage B is
+from that cell (dense labels: 49 supervised cells a picture instead of one decision). Stage A2
+(400 steps) keeps that and adds a second probe for which cell holds the disc: the agent's own
+cell then stands out among the image tokens, and the language layers learn to read its move in
+tens of steps instead of hundreds. Stage B is
 SFT of the whole model on BFS-expert episodes in the exact chat format rollouts use (the same
 ChatPrompter, context window and answer format); 20% of the executed moves are random and left
-out of the loss, so recovery states are seen. Stage B stops at the first check (every 20 steps) whose greedy
+out of the loss, so recovery states are seen. Stage B stops at the first check (every 5 steps, every step once any maze is solved) whose greedy
 solve rate on 64 validation mazes (their own seeds, not the eval set) reaches --stop-at (45%),
 so the base lands between 30% and 55% on the eval set: RL has work to do.
 
@@ -43,30 +46,44 @@ from vlm.forward import collate, sampled_logprobs
 
 SFT_SEEDS = 10_000_000       # maze seeds for SFT: far from the train (0+) and eval (1,000,000+) sets
 PROBE_SEEDS = 20_000_000
+LOCATE_SEEDS = 25_000_000
 VALIDATION_SEEDS = 30_000_000  # the SFT stop rule looks at these, never at the eval set
 
 
-def perception_stage(model, processor, arch, steps: int, batch: int, lr: float, seed: int) -> float:
-    """Train the vision tower on per-cell expert moves; returns the final per-cell accuracy."""
+def perception_stage(model, processor, arch, steps: int, batch: int, lr: float, seed: int,
+                     locate: bool = False, first_seed: int = PROBE_SEEDS) -> float:
+    """Train the vision tower on per-cell expert moves; returns the final per-cell accuracy.
+
+    With `locate`, a second probe also learns which cell holds the disc, so the agent's own cell
+    stands out among the image tokens the language layers read."""
     vision = model.model.visual
     probe = torch.nn.Linear(arch.text_hidden, len(ACTIONS))
-    opt = torch.optim.AdamW(list(vision.parameters()) + list(probe.parameters()), lr=lr, betas=(0.9, 0.95))
+    where = torch.nn.Linear(arch.text_hidden, 2)
+    params = list(vision.parameters()) + list(probe.parameters()) + (list(where.parameters()) if locate else [])
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95))
     env = MazeEnv(size=arch.maze_size, cell_px=arch.cell_px)
     rng = np.random.default_rng(seed)
     accs = []
-    bar = tqdm(range(steps), desc="SFT stage A (perception)", unit="step")
+    bar = tqdm(range(steps), desc="SFT stage A2 (locate the agent)" if locate else "SFT stage A (perception)", unit="step")
     for step in bar:
-        images, labels = [], []
+        images, labels, agent_cells = [], [], []
         for k in range(batch):
-            env.reset(seed=PROBE_SEEDS + step * batch + k)
+            env.reset(seed=first_seed + step * batch + k)
             floor = np.argwhere(env.maze == 0)
             env.agent = tuple(int(v) for v in floor[rng.integers(len(floor))])  # the disc anywhere
             images.append(env.render())
             labels.append(direction_field(env.maze, env.target).reshape(-1))
+            agent_cells.append(env.agent[0] * arch.maze_size + env.agent[1])
         enc = processor.image_processor(images=images, return_tensors="pt")
         target = torch.tensor(np.concatenate(labels))
-        logits = probe(vision(enc["pixel_values"], grid_thw=enc["image_grid_thw"]).pooler_output)
+        features = vision(enc["pixel_values"], grid_thw=enc["image_grid_thw"]).pooler_output
+        logits = probe(features)
         loss = torch.nn.functional.cross_entropy(logits, target, ignore_index=-1)
+        if locate:
+            is_agent = torch.zeros(len(target), dtype=torch.long)
+            is_agent[torch.arange(batch) * arch.maze_size ** 2 + torch.tensor(agent_cells)] = 1
+            # one agent cell against 80 others: weight it up so the probe cannot ignore it
+            loss = loss + torch.nn.functional.cross_entropy(where(features), is_agent, weight=torch.tensor([1.0, 10.0]))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -144,7 +161,7 @@ def agent_stage(model, processor, arch, cfg, max_steps: int, batch: int, lr: flo
         opt.step()
         with torch.no_grad():  # the answer token is the model's top choice
             accs.append(float((logp >= logp_all.max(-1).values - 1e-6).float().mean()))
-        if step % check_every == 0:
+        if step % check_every == 0 or (checks and checks[-1][1] > 0):  # every step once mazes get solved
             rate = validation_solve_rate(model, processor, prompter, cfg)
             checks.append((step, rate))
             bar.set_postfix(loss=f"{loss.item():.3f}", tok_acc=f"{np.mean(accs[-20:]):.3f}", val_solve=f"{rate:.3f}")
@@ -170,7 +187,9 @@ def main(argv=None):
     ap.add_argument("--out", default="assets/maze-vl-base")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--perception-steps", type=int, default=3000)
+    ap.add_argument("--locate-steps", type=int, default=400, help="stage A2: perception plus the agent's cell")
     ap.add_argument("--agent-max-steps", type=int, default=1500)
+    ap.add_argument("--check-every", type=int, default=5, help="stage B steps between validation checks")
     ap.add_argument("--stop-at", type=float, default=0.45, help="stop stage B once validation solve rate >= this")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--perception-cache", metavar="DIR",
@@ -199,9 +218,15 @@ def main(argv=None):
             save_model(model, str(cache / "model.safetensors"))
             (cache / "perception.json").write_text(json.dumps({"cell_accuracy": cell_acc,
                                                                "steps": args.perception_steps, "seed": args.seed}))
+    torch.manual_seed(args.seed + 2)
+    model.train()
+    if args.locate_steps:
+        perception_stage(model, processor, arch, args.locate_steps, 32, 1e-3, args.seed, locate=True,
+                         first_seed=LOCATE_SEEDS)
     torch.manual_seed(args.seed + 1)
     model.train()
-    agent = agent_stage(model, processor, arch, cfg, args.agent_max_steps, 64, 1e-3, args.seed, args.stop_at)
+    agent = agent_stage(model, processor, arch, cfg, args.agent_max_steps, 64, 1e-3, args.seed, args.stop_at,
+                        check_every=args.check_every)
     model.eval()
     out = Path(args.out)
     tmp = out.with_name(out.name + ".tmp")
@@ -210,7 +235,8 @@ def main(argv=None):
     processor.save_pretrained(tmp)
     g = cfg.generator
     report = {"seed": args.seed, "arch": asdict(arch), "params": sum(p.numel() for p in model.parameters()),
-              "perception_steps": args.perception_steps, "perception_cell_accuracy": cell_acc, **agent,
+              "perception_steps": args.perception_steps, "perception_cell_accuracy": cell_acc,
+              "locate_steps": args.locate_steps, **agent,
               "chat_format": {"context_window_turns": g.context_window_turns, "context_pictures": g.context_pictures,
                               "max_turns": g.max_turns},
               "sft_wall_s": round(time.time() - started, 1)}
