@@ -1,4 +1,4 @@
-"""Build the embedded base model: random init, then two supervised stages, stopped short on purpose.
+"""Build the embedded base model: random init, then supervised stages A, A2 and B, stopped short on purpose.
 
     python -m vlm.sft --out assets/maze-vl-base [--seed 0]
 
@@ -10,9 +10,10 @@ cell then stands out among the image tokens, and the language layers learn to re
 tens of steps instead of hundreds. Stage B is
 SFT of the whole model on BFS-expert episodes in the exact chat format rollouts use (the same
 ChatPrompter, context window and answer format); 20% of the executed moves are random and left
-out of the loss, so recovery states are seen. Stage B stops at the first check (every 5 steps, every step once any maze is solved) whose greedy
-solve rate on 64 validation mazes (their own seeds, not the eval set) reaches --stop-at (45%),
-so the base lands between 30% and 55% on the eval set: RL has work to do.
+out of the loss, so recovery states are seen. Stage B stops at the first check (every 5 steps,
+every step once any maze is solved) whose greedy solve rate on 64 validation mazes (their own
+seeds, not the eval set) reaches --stop-at (45%), so the base lands between 30% and 55% on the
+eval set: RL has work to do.
 
 Measured on the 2-core CPU machine (see bench/README.md): the probe reaches ~98% per-cell
 accuracy in 2,000 steps; without stage A, 500 steps of SFT alone left the model at ~67% per
