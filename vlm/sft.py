@@ -59,8 +59,10 @@ def perception_stage(model, processor, arch, steps: int, batch: int, lr: float, 
     stands out among the image tokens the language layers read."""
     vision = model.model.visual
     probe = torch.nn.Linear(arch.text_hidden, len(ACTIONS))
-    where = torch.nn.Linear(arch.text_hidden, 2)
-    params = list(vision.parameters()) + list(probe.parameters()) + (list(where.parameters()) if locate else [])
+    params = list(vision.parameters()) + list(probe.parameters())
+    if locate:  # made only here, so stage A draws exactly the random numbers it always did
+        where = torch.nn.Linear(arch.text_hidden, 2)
+        params += list(where.parameters())
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95))
     env = MazeEnv(size=arch.maze_size, cell_px=arch.cell_px)
     rng = np.random.default_rng(seed)
