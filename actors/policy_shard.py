@@ -2,7 +2,7 @@
 
 Methods: logprobs(items) for the behaviour policy, train(items) for one GRPO batch (mini-batches
 of prompts, micro-batches with gradient accumulation, `update_epochs_per_batch` passes, AdamW on
-the LoRA weights only, grad-norm clipping, warmup LR schedule), save_adapter(folder) writing the
+the LoRA weights only, grad-norm clipping, an LR schedule with warmup over training steps), save_adapter(folder) writing the
 full LoRA from rank 0 in PEFT format, and state_dict()/load_state_dict() with everything gathered
 (LoRA and optimizer states are small), so a checkpoint loads at any world size.
 """
@@ -100,15 +100,18 @@ class FSDPPolicyShard:
                 norm = torch.nn.utils.clip_grad_norm_(params, self.optim_cfg["max_grad_norm"])
                 grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
                 self.optimizer.step()
-                self.scheduler.step()
                 self.optimizer_steps += 1
+        # the schedule runs over training steps (total_steps of them), not optimizer steps, whose
+        # number per batch varies with how many groups carry signal
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
         sums = self._sum_across_ranks(sums)
         steps = max(len(grad_norms), 1)
         return {"policy_loss": sums["policy_loss"] / steps, "policy_kl": sums["policy_kl"] / steps,
                 "entropy": sums["entropy"] / steps, "clip_ratio": sums["clipped"] / max(sums["tokens"], 1),
                 "approx_kl": sums["approx_kl"] / max(sums["tokens"], 1),
                 "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
-                "lr": self.scheduler.get_last_lr()[0], "optimizer_steps": len(grad_norms)}
+                "lr": lr, "optimizer_steps": len(grad_norms)}
 
     def _micro_step(self, chunk, scale: float, algo: dict, temperature: float) -> dict:
         batch = collate([it.seq for it in chunk], self.processor, self.device, self.dtype)

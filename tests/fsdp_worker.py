@@ -3,12 +3,13 @@ import os
 import pickle
 
 
-def _shard(rank, world_size, port, model_dir, seed):
+def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=1):
     import torch
     torch.set_num_threads(1)
     from actors.policy_shard import FSDPPolicyShard
     shard = FSDPPolicyShard(model_dir, rank=rank, world_size=world_size, device="cpu",
-                            lora={"rank": 4, "alpha": 8}, optimizer={"lr": 1e-2}, seed=seed)
+                            lora={"rank": 4, "alpha": 8}, optimizer=optimizer or {"lr": 1e-2}, seed=seed,
+                            total_steps=total_steps)
     shard.setup("127.0.0.1", port)
     return shard
 
@@ -44,4 +45,18 @@ def load_rank(rank, world_size, port, model_dir, state_path, out_dir):
     if rank == 0:
         with open(os.path.join(out_dir, "restored.pkl"), "wb") as f:
             pickle.dump(again, f)
+    shard.shutdown()
+
+
+def schedule_rank(rank, world_size, port, model_dir, items_path, out_dir):
+    """Three training batches under a cosine schedule over four steps; writes the LR each one used."""
+    with open(items_path, "rb") as f:
+        items = pickle.load(f)  # written by the test itself
+    shard = _shard(rank, world_size, port, model_dir, seed=0, total_steps=4,
+                   optimizer={"lr": 1e-2, "scheduler": "cosine_with_warmup"})
+    algo = {"use_kl_loss": False, "kl_loss_coef": 0.0, "kl_estimator_type": "k3", "eps_clip_low": 0.2,
+            "eps_clip_high": 0.2, "entropy_coef": 0.0}
+    metrics = [shard.train(items, algo, 1.0, micro_batch=2, epochs=2) for _ in range(3)]
+    with open(os.path.join(out_dir, "lrs.pkl"), "wb") as f:
+        pickle.dump([(m["lr"], m["optimizer_steps"]) for m in metrics], f)
     shard.shutdown()

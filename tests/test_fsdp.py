@@ -127,3 +127,16 @@ def test_a_checkpoint_from_one_shard_loads_into_two(tiny_model_dir, tmp_path):
     for name, st in one["state"]["optimizer"]["state"].items():
         for k, v in st.items():
             assert torch.equal(again["optimizer"]["state"][name][k], v), (name, k)
+
+
+def test_lr_schedule_runs_over_training_steps(tiny_model_dir, tmp_path):
+    """Cosine over total_steps training batches, however many optimizer steps each batch takes."""
+    from tests.fsdp_worker import schedule_rank
+    items_path = tmp_path / "items.pkl"
+    items_path.write_bytes(pickle.dumps(make_items(tiny_model_dir)))
+    mp.start_processes(schedule_rank, args=(1, free_port(), tiny_model_dir, str(items_path), str(tmp_path)),
+                       nprocs=1, start_method="spawn", join=True)
+    used = pickle.loads((tmp_path / "lrs.pkl").read_bytes())
+    assert [steps for _, steps in used] == [4, 4, 4]  # two mini-batches, two epochs
+    expected = [1e-2 * 0.5 * (1 + np.cos(np.pi * k / 4)) for k in range(3)]
+    np.testing.assert_allclose([lr for lr, _ in used], expected, rtol=1e-6)
