@@ -2,8 +2,8 @@
 
 Methods: logprobs(items) for the behaviour policy, train(items) for one GRPO batch (mini-batches
 of prompts, micro-batches with gradient accumulation, `update_epochs_per_batch` passes, AdamW on
-the LoRA weights only, grad-norm clipping, an LR schedule with warmup over training steps), save_adapter(folder) writing the
-full LoRA from rank 0 in PEFT format, and state_dict()/load_state_dict() with everything gathered
+the LoRA weights only, grad-norm clipping, an LR schedule with warmup over training steps),
+save_adapter(folder) writing the full LoRA from rank 0 in PEFT format, and state_dict()/load_state_dict() with everything gathered
 (LoRA and optimizer states are small), so a checkpoint loads at any world size.
 """
 from __future__ import annotations
@@ -102,7 +102,8 @@ class FSDPPolicyShard:
                 self.optimizer.step()
                 self.optimizer_steps += 1
         # the schedule runs over training steps (total_steps of them), not optimizer steps, whose
-        # number per batch varies with how many groups carry signal
+        # number per batch varies with how many groups carry signal; a step with no signal at all
+        # never calls train, so it does not advance the schedule
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         sums = self._sum_across_ranks(sums)
