@@ -3,8 +3,9 @@
 Methods: logprobs(items) for the behaviour policy, train(items) for one GRPO batch (mini-batches
 of prompts, micro-batches with gradient accumulation, `update_epochs_per_batch` passes, AdamW on
 the LoRA weights only, grad-norm clipping, an LR schedule with warmup over training steps),
-save_adapter(folder) writing the full LoRA from rank 0 in PEFT format, and state_dict()/load_state_dict() with everything gathered
-(LoRA and optimizer states are small), so a checkpoint loads at any world size.
+save_adapter(folder) writing the full LoRA from rank 0 in PEFT format, and
+state_dict()/load_state_dict() with everything gathered (LoRA and optimizer states are small), so
+a checkpoint loads at any world size.
 """
 from __future__ import annotations
 
