@@ -1,4 +1,4 @@
-"""Build the embedded base model: random init, then supervised stages A, A2 and B, stopped short on purpose.
+"""Build the embedded base model: random init, then supervised stages A, A2 and B, stopped short.
 
     python -m vlm.sft --out assets/maze-vl-base [--seed 0]
 
@@ -7,20 +7,19 @@ plus a throw-away linear probe learn, for every cell of a maze picture, the BFS 
 from that cell (dense labels: 49 supervised cells a picture instead of one decision). Stage A2
 (400 steps) keeps that and adds a second probe for which cell holds the disc: the agent's own
 cell then stands out among the image tokens, and the language layers learn to read its move in
-tens of steps instead of hundreds. Stage B is
-SFT of the whole model on BFS-expert episodes in the exact chat format rollouts use (the same
-ChatPrompter, context window and answer format); 20% of the executed moves are random and left
-out of the loss, so recovery states are seen. Stage B stops at the first check (every 5 steps,
-every step once any maze is solved) whose greedy solve rate on 64 validation mazes (their own
-seeds, not the eval set) reaches --stop-at (45%), so the base lands between 30% and 55% on the
-eval set: RL has work to do.
+tens of steps instead of hundreds. Stage B is SFT of the whole model on BFS-expert episodes in
+the exact chat format rollouts use (the same ChatPrompter, context window and answer format); 20%
+of the executed moves are random and left out of the loss, so recovery states are seen. Stage B
+stops at the first check (every 5 steps, every step once any maze is solved) whose greedy solve
+rate on 64 validation mazes (their own seeds, not the eval set) reaches --stop-at (45%), so the
+base lands between 30% and 55% on the eval set: RL has work to do.
 
 Measured on the 2-core CPU machine (see bench/README.md): the probe reaches ~98% per-cell
 accuracy in 2,000 steps; without stage A, 500 steps of SFT alone left the model at ~67% per
 decision and 0-5% solved.
 
 Everything is seeded (torch, the maze seeds, the move noise) and runs on fixed threads, so a
-rebuild from the same seed reproduces the shipped model's solve rate.
+rebuild from the same seed reproduces the shipped model byte for byte.
 """
 from __future__ import annotations
 
