@@ -36,14 +36,20 @@ def make_items(model_dir):
     return items
 
 
-def train_with(world_size, model_dir, tmp_path, items):
-    from tests.fsdp_worker import run_rank
+def spawn_on_items(worker, world_size, model_dir, tmp_path, items):
+    """Run a tests.fsdp_worker function on `world_size` ranks over `items`; returns its output folder."""
     items_path = tmp_path / "items.pkl"
     items_path.write_bytes(pickle.dumps(items))
-    out = tmp_path / f"w{world_size}"
+    out = tmp_path / f"{worker.__name__}-w{world_size}"
     out.mkdir()
-    mp.start_processes(run_rank, args=(world_size, free_port(), model_dir, str(items_path), str(out)),
+    mp.start_processes(worker, args=(world_size, free_port(), model_dir, str(items_path), str(out)),
                        nprocs=world_size, start_method="spawn", join=True)
+    return out
+
+
+def train_with(world_size, model_dir, tmp_path, items):
+    from tests.fsdp_worker import run_rank
+    out = spawn_on_items(run_rank, world_size, model_dir, tmp_path, items)
     result = pickle.loads((out / "result.pkl").read_bytes())
     return result, load_file(str(out / "adapter" / "adapter_model.safetensors"))
 
@@ -132,11 +138,8 @@ def test_a_checkpoint_from_one_shard_loads_into_two(tiny_model_dir, tmp_path):
 def test_lr_schedule_runs_over_training_steps(tiny_model_dir, tmp_path):
     """Cosine over total_steps training batches, however many optimizer steps each batch takes."""
     from tests.fsdp_worker import schedule_rank
-    items_path = tmp_path / "items.pkl"
-    items_path.write_bytes(pickle.dumps(make_items(tiny_model_dir)))
-    mp.start_processes(schedule_rank, args=(1, free_port(), tiny_model_dir, str(items_path), str(tmp_path)),
-                       nprocs=1, start_method="spawn", join=True)
-    used = pickle.loads((tmp_path / "lrs.pkl").read_bytes())
+    out = spawn_on_items(schedule_rank, 1, tiny_model_dir, tmp_path, make_items(tiny_model_dir))
+    used = pickle.loads((out / "lrs.pkl").read_bytes())
     assert [steps for _, steps in used] == [4, 4, 4]  # two mini-batches, two epochs
     expected = [1e-2 * 0.5 * (1 + np.cos(np.pi * k / 4)) for k in range(3)]
     np.testing.assert_allclose([lr for lr, _ in used], expected, rtol=1e-6)
