@@ -5,24 +5,29 @@
     python driver.py --make-dataset DIR [key=value ...]      write train/eval sets + manifest
     python driver.py --eval-only [--adapter DIR|s3://...]    greedy eval of a model (+ adapter)
 
-One step, as DESIGN.md draws it:
+One step (`grpo_step` below), as docs/design.md draws it:
     rollouts (VLLMEngine x N, EnvPool) -> group-relative advantages (GRPO)
       -> LoRA update on the frozen base (FSDPPolicyShard x N, RefShard x N for the KL term)
       -> adapter written to shared storage, engines load the new version
-      -> periodic eval (the fixed eval mazes) and checkpoints (local folder or s3://)
+      -> periodic eval (the fixed eval mazes), exports and checkpoints (local folder or s3://)
 
 What is simplified: the trainer scores each turn's tokens with the prompt that turn was sampled
 from (turns merge into one sequence only when the context window keeps the whole history), and
 old log-probs come from the engines unless `trainer.algorithm.use_rollout_logprobs=false`.
+Everything about the actors' lives (start, recovery, chaos, restore) is placement/fleet.py; the
+state a step changes is rl/state.py's RunState, written only by this loop.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from rl.inputs import InputError
 from settings import ConfigError, load_config, to_yaml
 
 
@@ -38,103 +43,283 @@ def parse_args(argv):
                     help="kill a random actor every N steps (tests your recovery set-up; see docs/fault-tolerance.md)")
     ap.add_argument("--chaos-method", choices=("sigkill", "ray_kill", "mixed"), default="sigkill",
                     help="how --chaos-kill-every kills: SIGKILL of the actor's process, ray.kill, or alternating")
+    ap.add_argument("--chaos-in-recovery", action="store_true",
+                    help="also kill the EnvPool while the first recovery rebuilds the actors (a second fault)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.train_batch_size=24")
     return ap.parse_intermixed_args(argv)
 
 
-def train(cfg, chaos_kill_every: int = 0, chaos_method: str = "sigkill") -> dict:
+@dataclass(frozen=True)
+class Run:
+    """What stays fixed from step to step."""
+    cfg: object               # settings.Config
+    dir: Path
+    eval_rows: list
+    total_steps: int
+    config_yaml: str
+
+
+def grpo_step(step: int, state, fleet, run: Run) -> dict:
+    """One GRPO step, top to bottom. Each phase is timed into timing/<phase>."""
+    from inference.requests import AdapterRef
+    from rl.algorithm import compute_advantages
+    from rl.batch import build_items
+    from rl.metrics import rollout_metrics
+    from rl.rollout import rollout_tasks, training_sampling
+    from telemetry.timing import Phases
+
+    cfg = run.cfg
+    t, a, g = cfg.trainer, cfg.trainer.algorithm, cfg.generator
+    temperature = g.sampling_params.temperature
+    phases = Phases()
+
+    # 1. sample: the next batch of prompts (one maze each), in the dataloader's seeded order
+    with phases("sample"):
+        rows, epoch = state.sampler.next_batch()
+        tasks = rollout_tasks(rows, step, g.n_samples_per_prompt)
+
+    # 2. rollouts: every live episode of a turn goes to the engines in one call, then the env pool steps
+    with phases("generate"):
+        fleet.engines.wake_up()
+        episodes = fleet.runner.run(tasks, training_sampling(cfg, step), state.version)
+
+    # 3. advantages: each episode's score against its group's (the samples of the same maze)
+    with phases("advantages"):
+        advantages = compute_advantages(a, [ep.reward for ep in episodes], [ep.group for ep in episodes])
+    metrics = rollout_metrics(episodes, advantages, phases.seconds["generate"])
+
+    # 4. training items: sequences with loss masks, per-token loss weights, mini-batches of prompts
+    with phases("items"):
+        items = build_items(episodes, advantages, t.policy_mini_batch_size, a.loss_reduction,
+                            drop_zero_advantage=a.filter_zero_advantage_groups)
+    metrics["train/sequences"] = len(items)
+
+    if items:  # a batch whose groups all scored alike carries no gradient
+        if t.placement.colocate_all and g.inference_engine.enable_sleep:
+            with phases("sleep"):
+                fleet.engines.sleep()  # free the engines' memory while the shards work
+
+        # 5. reference log-probs for the KL term: they stay in the object store for the policy shards
+        with phases("ref"):
+            ref_logprobs = fleet.trainer.reference_logprobs(items, temperature, t.micro_forward_batch_size_per_gpu)
+            fleet.trainer.wait(ref_logprobs)
+
+        # 6. update: the LoRA on every policy shard (mini-batches, micro-batches, update epochs)
+        with phases("train"):
+            result = fleet.trainer.train(items, a, temperature, t.micro_train_batch_size_per_gpu,
+                                         t.update_epochs_per_batch, ref_logprobs)
+        metrics |= {f"policy/{k}": v for k, v in result.items()}
+
+    # 7. weight sync: adapter v+1 written atomically to shared storage, every engine loads it
+    with phases("sync"):
+        adapter = AdapterRef(str(run.dir / "adapters" / f"v{state.version + 1}"), state.version + 1)
+        fleet.trainer.save_adapter(adapter.path)
+        fleet.engines.wake_up()
+        loaded = fleet.engines.load_adapter(adapter)
+        if any(v != adapter.version for v in loaded):
+            raise RuntimeError(f"engines report adapter versions {loaded} after sync to v{adapter.version}")
+        prune_adapters(run.dir / "adapters", keep=2)
+    metrics |= {"sync/adapter_version": adapter.version,
+                "sync/adapter_load_s": max(s["last_adapter_load_s"] for s in fleet.engines.status())}
+    state.step, state.adapter = step, adapter  # the one place a step is marked done
+
+    # 8. eval, export, checkpoint
+    last = step == run.total_steps or step == t.stop_after_step
+    if step % t.eval_interval == 0 or last:
+        with phases("eval"):
+            metrics |= evaluate_policy(run, fleet, state)
+    if step % t.hf_save_interval == 0 or last:
+        with phases("export"):
+            export_adapter(cfg, state)
+    if step % t.ckpt_interval == 0 or last or fleet.save_failed:
+        with phases("ckpt"):
+            metrics |= fleet.checkpoint(state, run.config_yaml)
+    return metrics | phases.metrics() | {"epoch": epoch}
+
+
+def evaluate_policy(run: Run, fleet, state) -> dict:
+    """The eval set through the engines with the current adapter; per-maze results to eval/step_N.jsonl."""
+    from rl.evaluate import evaluate, evaluation_sampling
+    from rl.metrics import eval_metrics
+    fleet.engines.wake_up()
+    report = evaluate(fleet.runner, run.eval_rows, evaluation_sampling(run.cfg), state.version,
+                      run.cfg.trainer.eval_batch_size)
+    report.write(run.dir / "eval" / f"step_{state.step:05d}.jsonl")
+    return eval_metrics(report)
+
+
+def export_adapter(cfg, state) -> None:
+    """{export_path}/global_step_N/policy/: the PEFT adapter the serve app reads."""
+    from storage import open_store
+    if state.adapter is not None:
+        open_store(cfg.trainer.export_path, cfg.s3).upload_dir(state.adapter.path, f"global_step_{state.step}/policy")
+
+
+def prune_adapters(folder: Path, keep: int) -> None:
+    versions = sorted(int(p.name[1:]) for p in folder.glob("v*") if p.name[1:].isdigit())
+    for v in versions[:-keep]:
+        shutil.rmtree(folder / f"v{v}", ignore_errors=True)
+
+
+def step_line(step: int, total: int, m: dict) -> str:
+    solve = f" | eval solve {100 * m['eval/all/avg_score']:.1f}%" if "eval/all/avg_score" in m else ""
+    return (f"step {step}/{total} | reward {m.get('reward/avg_raw_reward', 0):.3f}{solve} | "
+            f"{m['timing/step']:.1f}s (gen {m.get('timing/generate', 0):.1f}s, train {m.get('timing/train', 0):.1f}s)")
+
+
+def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_recovery: bool = False) -> int:
+    """Check the inputs, start the fleet, resume, then grpo_step until the last step."""
     import ray
     from tqdm import tqdm
 
-    from rl.session import ACTOR_FAILURES, Session
+    from placement.fleet import ACTOR_FAILURES, Chaos, Fleet
+    from rl.inputs import check_model_path, check_prompt_fits, load_datasets, make_prompter
+    from rl.sampler import PromptSampler
+    from rl.state import RunState
+    from telemetry.curve import plot_learning_curve, summary_line
+    from telemetry.run_log import RunLog
+    from vlm.load import resolve_device, resolve_model_path
+    from vlm.processor import load_processor
 
-    s = Session(cfg)
+    t = cfg.trainer
+    check_model_path(t.policy.model.path)
+    prompter = make_prompter(load_processor(resolve_model_path(t.policy.model.path, cfg.s3)), cfg)
+    check_prompt_fits(prompter, cfg)
+    train_rows, eval_rows = load_datasets(cfg)
+    sampler = PromptSampler(train_rows, t.train_batch_size, t.seed)
+    run = Run(cfg, Path(t.run_dir), eval_rows, t.epochs * sampler.steps_per_epoch, to_yaml(cfg))
+    run.dir.mkdir(parents=True, exist_ok=True)
+    (run.dir / "config.yaml").write_text(run.config_yaml)
+    if t.strategy == "fsdp":
+        print("note: trainer.strategy=fsdp runs FSDP2 (fully_shard), as fsdp2 does; FSDP1 is not supported", flush=True)
+
     ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, include_dashboard=cfg.ray.include_dashboard,
              configure_logging=False)
-    s.start_actors()
-    s.resume()
-    if s.step >= s.total_steps:
-        print(f"the run in {s.run_dir} is complete ({s.step}/{s.total_steps} steps); start another with "
+    fleet = Fleet(cfg, run.total_steps, run.dir, resolve_device(t.device), prompter,
+                  Chaos(chaos_every, chaos_method, chaos_in_recovery))
+    fleet.start()
+    state = RunState(0, None, sampler)
+    restore_s = fleet.restore(state, t.resume_mode)
+    if restore_s is not None:
+        print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {state.step} "
+              f"(adapter v{state.version}) in {restore_s:.1f}s", flush=True)
+    log = RunLog(str(run.dir), keep_through_step=state.step if restore_s is not None else -1,
+                 tensorboard=t.logger == "tensorboard")
+    pending = {"ckpt/restore_s": restore_s} if restore_s is not None else {}
+    if state.step >= run.total_steps:
+        print(f"the run in {run.dir} is complete ({state.step}/{run.total_steps} steps); start another with "
               f"trainer.resume_mode=none or a new trainer.run_dir")
-        return s.finish()
-    if cfg.trainer.eval_before_train and s.step == 0:
-        s.log(0, s.evaluate(0))
-    bar = tqdm(total=s.total_steps, initial=s.step, desc="GRPO", unit="step")
-    while s.step < s.total_steps:
-        step = s.step + 1
-        started = time.perf_counter()
-        s.phases.reset()
+    elif t.eval_before_train and state.step == 0:
+        log.log(0, evaluate_policy(run, fleet, state) | {"time": time.time()})
+
+    bar = tqdm(total=run.total_steps, initial=state.step, desc=f"GRPO {t.project_name}/{t.run_name}", unit="step")
+    while state.step < run.total_steps:
+        step, started = state.step + 1, time.perf_counter()
         try:
-            rows, epoch = s.sampler.next_batch()
-            episodes = s.rollouts(rows, step)                 # VLLMEngine x N + EnvPool
-            advantages = s.advantages(episodes)               # group-relative (GRPO)
-            metrics = s.update(episodes, advantages)          # ref log-probs, then LoRA update on the shards
-            metrics |= s.sync_weights()                       # adapter v{step} -> every engine
-            last = step == s.total_steps or step == cfg.trainer.stop_after_step
-            if step % cfg.trainer.eval_interval == 0 or last:
-                metrics |= s.evaluate(step)
-            if step % cfg.trainer.hf_save_interval == 0 or last:
-                metrics |= s.export(step)
-            s.step = step
-            if step % cfg.trainer.ckpt_interval == 0 or last:
-                metrics |= s.checkpoint(step)
+            metrics = grpo_step(step, state, fleet, run)
         except ACTOR_FAILURES as failure:
-            s.recover(failure, step)                          # rebuild the actors, reload the latest checkpoint
-            bar.n = s.step
+            record = fleet.recover(failure, state)  # rebuild the actors, reload the newest checkpoint
+            log.rewind(state.step)
+            pending |= {"recovery/restarts": fleet.restarts, "recovery/steps_lost": record["steps_lost"]}
+            bar.n = state.step
             bar.refresh()
             continue
-        metrics |= s.phases.metrics() | {"timing/step": time.perf_counter() - started, "epoch": epoch}
-        s.log(step, metrics)
+        metrics |= pending | {"timing/step": time.perf_counter() - started, "time": time.time()}
+        pending = {}
+        log.log(step, metrics)
         bar.update(1)
-        bar.write(s.step_line(step, metrics))
-        if cfg.trainer.stop_after_step and step >= cfg.trainer.stop_after_step:
+        bar.write(step_line(step, run.total_steps, metrics))
+        if t.stop_after_step and step >= t.stop_after_step:
             bar.write(f"stopping after step {step} (trainer.stop_after_step); resume with trainer.resume_mode=latest")
             break
-        if chaos_kill_every and step % chaos_kill_every == 0 and step < s.total_steps and step not in s.chaos_steps:
-            s.chaos_kill(chaos_method)  # once per step number, so a redone step is not killed again
+        if fleet.chaos.due(step, run.total_steps):
+            fleet.chaos_kill(step)
     bar.close()
-    return s.finish()
+    code = finish_saves(fleet, state, run)
+
+    history = log.history()
+    ceiling = next((h["eval/all/oracle_ceiling"] for h in reversed(history) if "eval/all/oracle_ceiling" in h), None)
+    plot_learning_curve(history, str(run.dir / "learning_curve.png"), ceiling)
+    log.close()
+    if code == 0:
+        print(summary_line(history))
+        print(f"run folder: {run.dir} (metrics.jsonl, tensorboard/, learning_curve.png, eval/)")
+    return code
 
 
-def eval_only(cfg, eval_set: str | None, adapter: str | None) -> dict:
-    from rl.session import evaluate_locally
-    report = evaluate_locally(cfg, eval_set, adapter)
+def finish_saves(fleet, state, run: Run, attempts: int = 3) -> int:
+    """A run whose last save failed retries it; if it still fails, it says which step is durable
+    and exits non-zero (3) instead of ending as if all were well."""
+    for attempt in range(attempts):
+        if not fleet.save_failed:
+            return 0
+        time.sleep(2.0 * 2 ** attempt)
+        print(f"retrying the checkpoint of step {state.step} ({attempt + 1}/{attempts})", flush=True)
+        fleet.checkpoint(state, run.config_yaml)
+    if not fleet.save_failed:
+        return 0
+    print(f"ERROR: the checkpoint of step {state.step} could not be saved to {run.cfg.trainer.ckpt_path}; the last "
+          f"durable checkpoint is step {fleet.durable_step}. Fix the store and run the same command again to "
+          f"resume from there.", file=sys.stderr, flush=True)
+    return 3
+
+
+def eval_only(cfg, eval_set: str | None, adapter: str | None) -> int:
+    from actors.local import evaluate_locally
+    from rl.inputs import adapter_folder, check_model_path, load_datasets
+    check_model_path(cfg.trainer.policy.model.path)
+    adapter = adapter_folder(adapter, cfg.s3) if adapter else None
+    _, eval_rows = load_datasets(cfg, eval_set)
+    report = evaluate_locally(cfg, eval_rows, adapter)
+    out = Path(cfg.trainer.run_dir) / "eval_only.jsonl"
+    report.write(out)
+    print(f"per-maze results: {out}")
     print(json.dumps(report.summary()))
     print(report.line())
-    return report.summary()
+    return 0
 
 
-def dry_run(cfg) -> None:
+def dry_run(cfg) -> int:
     from placement.plan import format_plan, make_plan
     print(to_yaml(cfg))
     print(format_plan(make_plan(cfg, use_gpu=cfg.trainer.device == "cuda")))
+    return 0
 
 
-def make_dataset(cfg, out_dir: str) -> None:
+def make_dataset(cfg, out_dir: str) -> int:
     from envs.dataset import write_dataset
     d = cfg.data
     manifest = write_dataset(out_dir, cfg.environment.env_class, d.train_size, d.eval_size, d.train_seed_start,
                              d.eval_seed_start, cfg.generator.max_turns, d.solvable_only)
     print(json.dumps(manifest["splits"], indent=2))
     print(f"wrote {Path(out_dir) / 'train.jsonl'}, eval.jsonl, manifest.json")
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        if args.dry_run:
+            return dry_run(cfg)
+        if args.make_dataset:
+            return make_dataset(cfg, args.make_dataset)
+        if args.eval_only:
+            return eval_only(cfg, args.eval_set, args.adapter)
+        return train(cfg, args.chaos_kill_every, args.chaos_method, args.chaos_in_recovery)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    if args.dry_run:
-        dry_run(cfg)
-    elif args.make_dataset:
-        make_dataset(cfg, args.make_dataset)
-    elif args.eval_only:
-        eval_only(cfg, args.eval_set, args.adapter)
-    else:
-        train(cfg, args.chaos_kill_every, args.chaos_method)
-    return 0
+    except InputError as e:
+        print(f"input error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        from actors.checkpointer import CheckpointError
+        from placement.fleet import GiveUp
+        if not isinstance(e, (GiveUp, CheckpointError)):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """Checkpointer: saves and restores full training state to a local folder or s3://bucket/prefix.
 
-Layout (DESIGN.md section 8):
+Layout (docs/design.md, "Checkpoints"):
     {ckpt_path}/global_step_N/trainer_state.json     step, epoch, dataloader position, config, RNG
     {ckpt_path}/global_step_N/policy/adapter_model.safetensors + adapter_config.json
     {ckpt_path}/global_step_N/policy/optimizer.pt     optimizer + scheduler (torch.save, tensors only)
     {ckpt_path}/global_step_N/manifest.json           sha256 of every file above (written last in the folder)
     {ckpt_path}/latest_ckpt_global_step.txt           the commit marker, written after everything else
 
-A checkpoint counts only once the marker names it and its manifest's checksums match; a corrupt or
-partial one is skipped (with a warning) in favour of the newest older one that verifies.
+A checkpoint counts only once its manifest's checksums match. The marker says which one is the
+latest; it is a hint: a missing, corrupt or partial checkpoint, or an empty or garbled marker, is
+skipped (with a note naming it) in favour of the newest older checkpoint that verifies.
 Loading never unpickles: safetensors for weights, torch.load(weights_only=True) for the rest.
 """
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Checkpointer:
         """Delete all but the newest `max_ckpts_to_keep` checkpoints; never the committed latest."""
         if self.keep is None or self.keep < 0:
             return []
-        latest = self._marker()
+        latest, _ = self._marker()
         steps = self.steps()
         keep = set(steps[-max(self.keep, 1):]) | ({latest} if latest is not None else set())
         removed = [s for s in steps if s not in keep and (latest is None or s < latest)]
@@ -94,24 +95,39 @@ class Checkpointer:
                 out.append(int(name[len("global_step_"):]))
         return sorted(out)
 
-    def _marker(self) -> int | None:
+    def _marker(self) -> tuple[int | None, str | None]:
+        """(the step the marker names, or None; what is wrong with it, or None)."""
         try:
-            text = self.store.get_bytes(MARKER).decode().strip()
+            text = self.store.get_bytes(MARKER).decode(errors="replace").strip()
         except StorageError:
-            return None
-        return int(text) if text.isdigit() else None
+            return None, None  # no marker: nothing was ever committed, or it was lost
+        if not text.isdigit():
+            return None, f"the marker {MARKER} is {'empty' if not text else 'garbled (' + repr(text[:40]) + ')'}"
+        return int(text), None
 
-    def latest(self) -> int | None:
-        """The newest checkpoint that is committed and verifies, or None."""
-        marker = self._marker()
-        if marker is None:
-            return None
-        for step in sorted((s for s in self.steps() if s <= marker), reverse=True):
+    def find_latest(self) -> tuple[int | None, list[str]]:
+        """(the newest checkpoint that verifies, or None; a note for each thing skipped on the way).
+
+        The marker is a hint: a checkpoint it names that is missing or corrupt, or a marker that is
+        empty or garbled, falls back to the newest older checkpoint that verifies."""
+        marker, problem = self._marker()
+        notes = [problem] if problem else []
+        steps = self.steps()
+        if marker is not None and marker not in steps:
+            notes.append(f"the marker names global_step_{marker}, which does not exist")
+        for step in sorted((s for s in steps if marker is None or s <= marker), reverse=True):
             problem = self.verify(step)
             if problem is None:
-                return step
-            warnings.warn(f"skipping checkpoint {self.path}/{step_dir(step)}: {problem}", stacklevel=2)
-        return None
+                return step, notes
+            notes.append(f"{step_dir(step)}: {problem}")
+        return None, notes
+
+    def latest(self) -> int | None:
+        """The newest checkpoint that verifies, or None; what was skipped is warned about."""
+        step, notes = self.find_latest()
+        for note in notes:
+            warnings.warn(f"checkpoint {self.path}: skipped {note}", stacklevel=2)
+        return step
 
     def verify(self, step: int) -> str | None:
         try:

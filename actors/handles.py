@@ -1,11 +1,16 @@
 """Calling actors the same way whether they are Ray actors or plain objects (tests, GPU boxes).
 
-`EngineClient` is the sampling client the rollout talks to: it splits a turn's requests across
-the engines, calls them in parallel and puts the results back in order.
+Sampling and training are separate clients, as in tinker-cookbook. `EngineClient` is the sampling
+client the rollout talks to: it splits a turn's requests across the engines, calls them in
+parallel and puts the results back in order. `TrainingClient` drives the policy and reference
+shards: each shard's share of the items is put in the object store once, the reference log-probs
+go from the ref shards to the policy shards as object refs (never through the driver).
 """
 from __future__ import annotations
 
 from typing import Any
+
+from inference.requests import AdapterRef
 
 
 def is_remote(handle) -> bool:
@@ -64,7 +69,7 @@ class EngineClient:
         results = call_all([e for e, _, _ in busy], "generate", args)
         return [r for chunk in results for r in chunk]
 
-    def load_adapter(self, ref: dict) -> list[int]:
+    def load_adapter(self, ref: AdapterRef) -> list[int]:
         return call_all(self.engines, "load_adapter", [(ref,)] * len(self.engines))
 
     def sleep(self):
@@ -75,3 +80,50 @@ class EngineClient:
 
     def status(self) -> list[dict]:
         return call_all(self.engines, "status")
+
+
+class TrainingClient:
+    """The policy shards (FSDP ranks) and the reference shards, called as one trainer."""
+
+    def __init__(self, policy: list, ref: list):
+        self.policy, self.ref = policy, ref
+
+    def _shares(self, items: list, world_size: int) -> list:
+        from rl.batch import split_for_ranks
+        shares = split_for_ranks(items, world_size)
+        if self.policy and is_remote(self.policy[0]):
+            import ray
+            return [ray.put(s) for s in shares]
+        return shares
+
+    def reference_logprobs(self, items: list, temperature: float, micro_batch: int) -> list:
+        """Start the ref shards on the items; returns their results as object refs (or dicts locally)."""
+        if not self.ref:
+            return []
+        shares = self._shares(items, len(self.ref))
+        if is_remote(self.ref[0]):
+            return [h.logprobs.remote(s, temperature, micro_batch) for h, s in zip(self.ref, shares)]
+        return [h.logprobs(s, temperature, micro_batch) for h, s in zip(self.ref, shares)]
+
+    def wait(self, refs: list) -> None:
+        """Until the given results are ready (without fetching them to the driver)."""
+        if refs and not isinstance(refs[0], dict):
+            import ray
+            ray.wait(refs, num_returns=len(refs))
+
+    def train(self, items: list, algorithm, temperature: float, micro_batch: int, epochs: int,
+              ref_logprobs: list) -> dict:
+        """One update on every policy rank; each rank gets its share once and all ref results."""
+        shares = self._shares(items, len(self.policy))
+        results = call_all(self.policy, "train", [(s, algorithm, temperature, micro_batch, epochs, *ref_logprobs)
+                                                  for s in shares])
+        return results[0]
+
+    def save_adapter(self, folder: str) -> None:
+        call_all(self.policy, "save_adapter", [(folder,)] * len(self.policy))
+
+    def state_dict(self) -> dict:
+        return call_all(self.policy, "state_dict")[0]
+
+    def load_state_dict(self, state: dict) -> None:
+        call_all(self.policy, "load_state_dict", [(state,)] * len(self.policy))

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rl.algorithm import entropy, kl_penalty, ppo_clip_loss
-from vlm.forward import agree_max, collate, sampled_logprobs, score_items
+from rl.algorithm import AlgorithmConfig, entropy, policy_loss
+from vlm.forward import agree_max, collate, sampled_logprobs, score_seqs
 from vlm.sharding import init_distributed, shard_model
 
 
@@ -69,18 +69,32 @@ class FSDPPolicyShard:
         return sum(p.numel() for p in params)
 
     # ---- forward passes -----------------------------------------------------------------------
-    def logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> list[np.ndarray]:
-        """Log-probs of each item's sampled tokens under the current policy."""
+    def logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> dict[int, np.ndarray]:
+        """{item key: log-probs of its sampled tokens} under the current policy."""
         self.model.eval()
         try:
-            return score_items(self.model, self.processor, items, micro_batch, self.device, self.dtype,
-                               temperature, self.world_size)
+            scored = score_seqs(self.model, self.processor, [it.seq for it in items], micro_batch, self.device,
+                                self.dtype, temperature, self.world_size)
         finally:
             self.model.train()
+        return {it.key: lp for it, lp in zip(items, scored)}
 
-    def train(self, items: list, algo: dict, temperature: float = 1.0, micro_batch: int = 16,
-              epochs: int = 1) -> dict:
-        """One GRPO batch; `items` are this rank's rl.batch.TrainItem, weights already global."""
+    def train(self, items: list, algo: AlgorithmConfig, temperature: float = 1.0, micro_batch: int = 16,
+              epochs: int = 1, *ref_logprobs: dict) -> dict:
+        """One GRPO batch on this rank's rl.batch.TrainItem share (token weights already global).
+
+        ref_logprobs: the reference shards' {item key: log-probs}, as many dicts as there are ref
+        shards (Ray resolves them here, straight from the object store). The old policy is the
+        engines' sampling log-probs with use_rollout_logprobs, else this policy before the update."""
+        ref = {k: v for part in ref_logprobs for k, v in part.items()} or None
+        if algo.use_rollout_logprobs:
+            old = {it.key: it.seq.rollout_logprobs() for it in items}
+            gap = {}
+        else:
+            old = self.logprobs(items, temperature, micro_batch)
+            gap = self._sum_across_ranks({"abs_diff": sum(float(np.abs(old[it.key] - it.seq.rollout_logprobs()).sum())
+                                                          for it in items),
+                                          "tokens": float(sum(it.n_scored for it in items))})
         minibatches = sorted({it.minibatch for it in items})
         n_mb = self._agree_max(len(minibatches))
         sums = dict.fromkeys(("policy_loss", "policy_kl", "entropy", "clipped", "tokens", "approx_kl"), 0.0)
@@ -95,7 +109,7 @@ class FSDPPolicyShard:
                     # ranks must run the same number of passes: a rank with no data left runs a
                     # pass that contributes nothing (scale 0)
                     chunk, scale = (micro[k], 1.0) if k < len(micro) else (items[:micro_batch], 0.0)
-                    for key, v in self._micro_step(chunk, scale, algo, temperature).items():
+                    for key, v in self._micro_step(chunk, scale, algo, temperature, old, ref).items():
                         sums[key] += v
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 norm = torch.nn.utils.clip_grad_norm_(params, self.optim_cfg["max_grad_norm"])
@@ -109,45 +123,34 @@ class FSDPPolicyShard:
         self.scheduler.step()
         sums = self._sum_across_ranks(sums)
         steps = max(len(grad_norms), 1)
-        return {"policy_loss": sums["policy_loss"] / steps, "policy_kl": sums["policy_kl"] / steps,
-                "entropy": sums["entropy"] / steps, "clip_ratio": sums["clipped"] / max(sums["tokens"], 1),
-                "approx_kl": sums["approx_kl"] / max(sums["tokens"], 1),
-                "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
-                "lr": lr, "optimizer_steps": len(grad_norms)}
+        out = {"policy_loss": sums["policy_loss"] / steps, "policy_kl": sums["policy_kl"] / steps,
+               "entropy": sums["entropy"] / steps, "clip_ratio": sums["clipped"] / max(sums["tokens"], 1),
+               "approx_kl": sums["approx_kl"] / max(sums["tokens"], 1),
+               "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
+               "lr": lr, "optimizer_steps": len(grad_norms)}
+        if gap:
+            out["rollout_logprob_diff"] = gap["abs_diff"] / max(gap["tokens"], 1)
+        return out
 
-    def _micro_step(self, chunk, scale: float, algo: dict, temperature: float) -> dict:
+    def _micro_step(self, chunk, scale: float, algo: AlgorithmConfig, temperature: float, old: dict,
+                    ref: dict | None) -> dict:
         batch = collate([it.seq for it in chunk], self.processor, self.device, self.dtype)
         logp, logp_all = sampled_logprobs(self.model, batch, temperature, with_distribution=True)
-        token_entropy = entropy(logp_all)
-        counts = [it.n_scored for it in chunk]
         dev = logp.device
 
         def per_token(values):
-            return torch.tensor(np.concatenate([np.full(c, v, dtype=np.float32) for c, v in zip(counts, values)]),
-                                device=dev)
+            return torch.tensor(np.concatenate([np.full(it.n_scored, v, dtype=np.float32)
+                                                for it, v in zip(chunk, values)]), device=dev)
+
+        def flat(table):
+            return torch.tensor(np.concatenate([table[it.key] for it in chunk]), device=dev)
 
         weights = per_token([it.token_weight for it in chunk]) * scale  # global: sums to 1 per mini-batch
-        old = torch.tensor(np.concatenate([it.old_logprobs for it in chunk]), device=dev)
-        pg, clipped, log_ratio = ppo_clip_loss(logp, old, per_token([it.advantage for it in chunk]),
-                                               algo["eps_clip_low"], algo["eps_clip_high"])
-        pg_loss = (pg * weights).sum()
-        loss = pg_loss
-        kl = torch.zeros((), device=dev)
-        if chunk[0].ref_logprobs is not None:
-            ref = torch.tensor(np.concatenate([it.ref_logprobs for it in chunk]), device=dev)
-            kl = (kl_penalty(logp, ref, algo["kl_estimator_type"]) * weights).sum()
-            if algo["use_kl_loss"]:
-                loss = loss + algo["kl_loss_coef"] * kl
-        if algo.get("entropy_coef"):
-            loss = loss - algo["entropy_coef"] * (token_entropy * weights).sum()
+        loss, stats = policy_loss(algo, logp, flat(old), per_token([it.advantage for it in chunk]), weights,
+                                  ref_logp=flat(ref) if ref is not None else None, token_entropy=entropy(logp_all))
         # FSDP averages gradients over ranks; the weights are global, so scale the average back up
         (loss * self.world_size).backward()
-        active = (weights > 0).float()
-        with torch.no_grad():
-            return {"policy_loss": float(pg_loss), "policy_kl": float(kl),
-                    "entropy": float((token_entropy * weights).sum()), "clipped": float((clipped.float() * active).sum()),
-                    "tokens": float(active.sum()),
-                    "approx_kl": float(((torch.exp(log_ratio) - 1 - log_ratio) * active).sum())}
+        return stats
 
     def _agree_max(self, n: int) -> int:
         return agree_max(n, self.world_size, self.device)

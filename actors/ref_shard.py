@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vlm.forward import score_items
+from vlm.forward import score_seqs
 from vlm.sharding import init_distributed, shard_model
 
 
@@ -32,6 +32,8 @@ class RefShard:
             p.requires_grad_(False)
         shard_model(self.model, self.device, self.cpu_offload)
 
-    def logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> list[np.ndarray]:
-        return score_items(self.model, self.processor, items, micro_batch, self.device, self.dtype,
-                           temperature, self.world_size)
+    def logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> dict[int, np.ndarray]:
+        """{item key: the reference's log-probs of its sampled tokens}."""
+        scored = score_seqs(self.model, self.processor, [it.seq for it in items], micro_batch, self.device,
+                            self.dtype, temperature, self.world_size)
+        return {it.key: lp for it, lp in zip(items, scored)}

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from inference.requests import GenRequest, GenResult, Sampling
+from inference.requests import AdapterRef, GenRequest, GenResult, Sampling
 
 
 class StaleAdapterError(RuntimeError):
@@ -47,18 +47,18 @@ class VLLMEngine:
                                     f"rollout expects v{expect_version}: weights were not synced")
         return self.backend.generate(requests, sampling, self.adapter_version)
 
-    def load_adapter(self, ref: dict) -> int:
-        """ref = {"path": folder, "version": n}; returns the version now loaded."""
-        version = int(ref["version"])
+    def load_adapter(self, ref: AdapterRef) -> int:
+        """Load an adapter version; returns the version now loaded."""
+        version = ref.version
         if version < self.adapter_version:
             raise StaleAdapterError(f"VLLMEngine-{self.rank}: refusing to go back from v{self.adapter_version} "
                                     f"to v{version}")
         start = time.perf_counter()
         if self.backend_name == "vllm":
-            self.backend.load_adapter(ref["path"], version)
+            self.backend.load_adapter(ref.path, version)
         else:
-            self.backend.load_adapter(ref["path"])
-        self.adapter_version, self.adapter_path = version, ref["path"]
+            self.backend.load_adapter(ref.path)
+        self.adapter_version, self.adapter_path = version, ref.path
         self.last_load_s = time.perf_counter() - start
         return version
 

@@ -19,12 +19,13 @@ def main():
     import numpy as np
     import torch
 
+    from actors.env_pool import EnvPool
     from actors.handles import EngineClient
     from actors.vllm_engine import VLLMEngine
     from envs.dataset import init_state
     from inference.requests import Sampling
+    from rl.inputs import load_datasets, make_prompter
     from rl.rollout import RolloutRunner, Task
-    from rl.session import load_datasets, make_prompter
     from settings import load_config
     from vlm.load import resolve_model_path
     from vlm.processor import load_processor
@@ -41,8 +42,9 @@ def main():
     train_rows, _ = load_datasets(cfg)
     rows = train_rows[:args.mazes]
     path = cfg.trainer.policy.model.path
+    env = EnvPool(cfg.environment.env_class, cfg.environment.cell_px, cfg.generator.max_turns)
     runner = RolloutRunner.from_config(cfg, EngineClient([VLLMEngine(path)]).generate,
-                                       make_prompter(load_processor(resolve_model_path(path)), cfg))
+                                       make_prompter(load_processor(resolve_model_path(path)), cfg), env)
     print("| temperature | sampled solve rate | mixed groups | all fail | all solve | invalid actions/episode | wall s |")
     print("|---|---|---|---|---|---|---|")
     for temperature in args.temperatures:

@@ -16,12 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main():
     import torch
 
+    from actors.env_pool import EnvPool
     from actors.handles import EngineClient
     from actors.vllm_engine import VLLMEngine
     from envs.dataset import init_state
     from inference.requests import Sampling
+    from rl.inputs import load_datasets, make_prompter
     from rl.rollout import RolloutRunner, Task
-    from rl.session import load_datasets, make_prompter
     from settings import load_config
     from vlm.load import resolve_model_path
     from vlm.processor import load_processor
@@ -37,7 +38,8 @@ def main():
     train_rows, _ = load_datasets(cfg)
     engine = VLLMEngine(cfg.trainer.policy.model.path)
     prompter = make_prompter(load_processor(resolve_model_path(cfg.trainer.policy.model.path)), cfg)
-    runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate, prompter)
+    env = EnvPool(cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)
+    runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate, prompter, env)
     sampling = Sampling(max_new_tokens=g.sampling_params.max_generate_length, temperature=g.sampling_params.temperature,
                         seed=1)
     print("| concurrent episodes | wall s | episodes/s | generated tokens/s | turns/episode | solved |")

@@ -12,7 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main():
-    from rl.session import evaluate_locally, load_datasets
+    from actors.local import evaluate_locally
+    from rl.inputs import load_datasets
     from serving.maze_client import openai_chat, play
     from settings import load_config
 
@@ -30,7 +31,7 @@ def main():
                    g.context_pictures, g.eval_sampling_params.max_generate_length) for r in rows]
     rate = sum(r["solved"] for r in served) / len(served)
     print(f"through the API: solve rate {100 * rate:.1f}% ({sum(r['solved'] for r in served)}/{len(served)})")
-    report = evaluate_locally(cfg, None, args.adapter)
+    report = evaluate_locally(cfg, rows, args.adapter)
     same = sum(a["answers"] == b["answers"] for a, b in zip(served, report.per_maze))
     print(f"eval harness:    {report.line()}")
     print(f"identical move sequences: {same}/{len(rows)}")

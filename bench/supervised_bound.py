@@ -3,7 +3,7 @@
     python bench/supervised_bound.py [--steps 120] [--modes lora full]
 
 Continues supervised training of assets/maze-vl-base on BFS-expert turns (the same data and
-chat format as stage B of vlm.sft, 64 turns a step) and prints the greedy solve rate on the SFT
+chat format as stage B of sft.embedded_base, 64 turns a step) and prints the greedy solve rate on the SFT
 validation mazes every 20 steps, with wall time, until it reaches 90% or runs out of steps.
 `lora` trains the default config's LoRA (targets, rank, alpha, learning rate), as GRPO does;
 `full` trains every weight at stage B's 1e-3. Every turn carries the right answer here, which is
@@ -25,9 +25,9 @@ def main():
 
     from actors.policy_shard import lora_config
     from settings import load_config
+    from sft.embedded_base import agent_stage
     from vlm.build import EmbeddedArch
     from vlm.load import load_model
-    from vlm.sft import agent_stage
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=120)

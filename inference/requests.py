@@ -35,3 +35,10 @@ class GenResult:
     finish_reason: str  # stop | length
     adapter_version: int
     prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """A LoRA adapter version on shared storage: what the policy hands the engines after a sync."""
+    path: str
+    version: int

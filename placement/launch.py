@@ -4,7 +4,7 @@ Actor classes are plain Python classes; `ray.remote` is applied here, at placeme
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from placement.groups import create_groups, remove_groups
 from placement.plan import Plan
@@ -18,16 +18,14 @@ class ActorSet:
     engines: list
     policy: list
     ref: list
-    checkpointer: object = None
-    extra: dict = field(default_factory=dict)
+    checkpointer: object
 
     def all_handles(self) -> dict:
         named = {"EnvPool": self.env_pool}
         named.update({f"VLLMEngine-{i}": h for i, h in enumerate(self.engines)})
         named.update({f"FSDPPolicyShard-{i}": h for i, h in enumerate(self.policy)})
         named.update({f"RefShard-{i}": h for i, h in enumerate(self.ref)})
-        if self.checkpointer is not None:
-            named["Checkpointer"] = self.checkpointer
+        named["Checkpointer"] = self.checkpointer
         return named
 
 
@@ -73,6 +71,7 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
             s3_cfg=cfg.s3, threads=threads, **engine_kwargs) for pool, i, slot in plan.slots("engine")]
         env_pool = ray.remote(EnvPool).options(name="EnvPool", namespace=ns, num_cpus=0).remote(
             cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)
+        checkpointer = start_checkpointer(cfg)
         for shards in (policy, ref):
             if shards:
                 addr, port = ray.get(shards[0].address.remote())
@@ -81,7 +80,16 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
     except Exception:
         remove_groups(groups)
         raise
-    return ActorSet(groups, env_pool, engines, policy, ref)
+    return ActorSet(groups, env_pool, engines, policy, ref, checkpointer)
+
+
+def start_checkpointer(cfg: Config):
+    """The Checkpointer actor (also restarted alone when a save hangs)."""
+    import ray
+
+    from actors.checkpointer import Checkpointer
+    return ray.remote(Checkpointer).options(name="Checkpointer", namespace=cfg.ray.namespace, num_cpus=0).remote(
+        cfg.trainer.ckpt_path, cfg.s3, cfg.trainer.max_ckpts_to_keep)
 
 
 def teardown(actors: ActorSet) -> None:

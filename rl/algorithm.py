@@ -1,55 +1,88 @@
 """GRPO as the peers define it: group-relative advantages, the PPO-clip loss, KL to the reference.
 
-Advantage estimators live in a small registry (`grpo`, with or without std normalisation, and
-`rloo`). The episode's scalar advantage is broadcast over its generated tokens only (the loss
-mask does that). Losses are written as a per-token weighted sum: the weights encode the
-reduction (`token_mean`: every sampled token of the mini-batch counts the same; `sequence_mean`:
-every episode counts the same), so micro-batching and data-parallel ranks give the exact same
-gradient as one big batch.
+Four small registries hold every choice the algorithm config names: advantage estimators
+(`grpo`, with or without std normalisation, and `rloo`), policy losses (`regular`: PPO-clip, as
+SkyRL calls it), KL estimators (k1, k2, k3) and loss reductions. settings/ validates the config
+against these same dictionaries, so a name is valid exactly when something is registered under it.
+
+The episode's scalar advantage is broadcast over its generated tokens only (the loss mask does
+that). Losses are a per-token weighted sum: the weights encode the reduction (`token_mean`: every
+sampled token of the mini-batch counts the same; `sequence_mean`: every episode counts the same),
+so micro-batching and data-parallel ranks give the exact same gradient as one big batch.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
+
+@dataclass
+class AlgorithmConfig:
+    """`trainer.algorithm`: SkyRL's keys; ours are marked visrl."""
+    advantage_estimator: str = "grpo"  # a name in ADVANTAGE_ESTIMATORS
+    grpo_norm_by_std: bool = True
+    policy_loss_type: str = "regular"  # a name in POLICY_LOSSES
+    use_kl_loss: bool = True
+    kl_loss_coef: float = 0.001
+    kl_estimator_type: str = "k3"  # a name in KL_ESTIMATORS
+    eps_clip_low: float = 0.2
+    eps_clip_high: float = 0.2
+    loss_reduction: str = "token_mean"  # a name in LOSS_REDUCTIONS
+    entropy_coef: float = 0.0
+    filter_zero_advantage_groups: bool = False  # visrl: drop all-equal groups from the update
+    use_rollout_logprobs: bool = False  # visrl: the engines' sampling log-probs as the old policy
+
+
 ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
+POLICY_LOSSES: dict[str, Callable] = {}
+KL_ESTIMATORS: dict[str, Callable] = {}
+# How a mini-batch's loss averages its tokens; rl.batch turns the name into per-token weights.
+LOSS_REDUCTIONS = ("token_mean", "sequence_mean")
 
 
-def register_estimator(name: str):
+def _register(table: dict, name: str):
     def wrap(fn):
-        ADVANTAGE_ESTIMATORS[name] = fn
+        table[name] = fn
         return fn
     return wrap
 
 
+def _lookup(table: dict, name: str, what: str):
+    if name not in table:
+        raise ValueError(f"unknown {what} '{name}'; known: {', '.join(table)}")
+    return table[name]
+
+
+# ---- advantages ---------------------------------------------------------------------------------
 def _by_group(scores, groups):
     scores, groups = np.asarray(scores, dtype=np.float64), np.asarray(groups)
-    return scores, groups, {g: np.flatnonzero(groups == g) for g in np.unique(groups)}
+    return scores, {g: np.flatnonzero(groups == g) for g in np.unique(groups)}
 
 
-@register_estimator("grpo")
-def grpo_advantages(scores, groups, norm_by_std: bool = True, eps: float = 1e-6) -> np.ndarray:
+@_register(ADVANTAGE_ESTIMATORS, "grpo")
+def grpo_advantages(scores, groups, cfg: AlgorithmConfig, eps: float = 1e-6) -> np.ndarray:
     """(score - group mean) / (group std + eps), std unbiased; Dr. GRPO's (score - mean) without std.
 
     A group whose scores are all equal gets exactly 0 (no NaN from a zero or tiny std).
     """
-    scores, groups, index = _by_group(scores, groups)
+    scores, index = _by_group(scores, groups)
     adv = np.zeros_like(scores)
     for idx in index.values():
         s = scores[idx]
         if len(s) < 2 or np.all(s == s[0]):
             continue
         centred = s - s.mean()
-        adv[idx] = centred / (s.std(ddof=1) + eps) if norm_by_std else centred
+        adv[idx] = centred / (s.std(ddof=1) + eps) if cfg.grpo_norm_by_std else centred
     return adv
 
 
-@register_estimator("rloo")
-def rloo_advantages(scores, groups, **_) -> np.ndarray:
+@_register(ADVANTAGE_ESTIMATORS, "rloo")
+def rloo_advantages(scores, groups, cfg: AlgorithmConfig) -> np.ndarray:
     """Leave-one-out baseline: score minus the mean of the group's other samples."""
-    scores, groups, index = _by_group(scores, groups)
+    scores, index = _by_group(scores, groups)
     adv = np.zeros_like(scores)
     for idx in index.values():
         s = scores[idx]
@@ -59,24 +92,32 @@ def rloo_advantages(scores, groups, **_) -> np.ndarray:
     return adv
 
 
-def compute_advantages(estimator: str, scores, groups, **kwargs) -> np.ndarray:
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator '{estimator}'; known: {', '.join(ADVANTAGE_ESTIMATORS)}")
-    return ADVANTAGE_ESTIMATORS[estimator](scores, groups, **kwargs)
+def compute_advantages(cfg: AlgorithmConfig, scores, groups) -> np.ndarray:
+    """One advantage an episode, from its score and its group (the prompt it was sampled for)."""
+    return _lookup(ADVANTAGE_ESTIMATORS, cfg.advantage_estimator, "advantage estimator")(scores, groups, cfg)
+
+
+# ---- per-token pieces ---------------------------------------------------------------------------
+@_register(KL_ESTIMATORS, "k1")
+def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    return log_ratio
+
+
+@_register(KL_ESTIMATORS, "k2")
+def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    return 0.5 * log_ratio ** 2
+
+
+@_register(KL_ESTIMATORS, "k3")
+def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    # exp(ref - logp) - (ref - logp) - 1: unbiased and always >= 0; the clamp keeps exp finite
+    r = (-log_ratio).clamp(-20, 20)
+    return torch.exp(r) - r - 1
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from sampled tokens (Schulman's k1/k2/k3)."""
-    log_ratio = logp - ref_logp
-    if kind == "k1":
-        return log_ratio
-    if kind == "k2":
-        return 0.5 * log_ratio ** 2
-    if kind == "k3":
-        # exp(ref - logp) - (ref - logp) - 1: unbiased and always >= 0; clamp keeps exp finite
-        r = (-log_ratio).clamp(-20, 20)
-        return torch.exp(r) - r - 1
-    raise ValueError(f"unknown KL estimator '{kind}'; use k1, k2 or k3")
+    return _lookup(KL_ESTIMATORS, kind, "KL estimator")(logp - ref_logp)
 
 
 def ppo_clip_loss(logp, old_logp, advantages, eps_low: float = 0.2, eps_high: float = 0.2):
@@ -91,3 +132,36 @@ def ppo_clip_loss(logp, old_logp, advantages, eps_low: float = 0.2, eps_high: fl
 def entropy(logp_all: torch.Tensor) -> torch.Tensor:
     """Per-token entropy from the full log-softmax rows of the scored positions."""
     return -(logp_all.exp() * logp_all).sum(-1)
+
+
+# ---- the policy loss ----------------------------------------------------------------------------
+@_register(POLICY_LOSSES, "regular")
+def ppo_policy_loss(cfg: AlgorithmConfig, logp, old_logp, advantages, weights, ref_logp=None,
+                    token_entropy=None) -> tuple[torch.Tensor, dict]:
+    """PPO-clip + k-estimator KL to the reference (with use_kl_loss) - entropy bonus, as one
+    weighted sum over the tokens given. `weights` are each token's share of its mini-batch's loss
+    (0 for tokens that must not count); returns the loss and per-token sums for the diagnostics."""
+    pg, clipped, log_ratio = ppo_clip_loss(logp, old_logp, advantages, cfg.eps_clip_low, cfg.eps_clip_high)
+    pg_loss = (pg * weights).sum()
+    loss = pg_loss
+    kl = torch.zeros((), device=logp.device)
+    if ref_logp is not None:
+        kl = (kl_penalty(logp, ref_logp, cfg.kl_estimator_type) * weights).sum()
+        if cfg.use_kl_loss:
+            loss = loss + cfg.kl_loss_coef * kl
+    ent = torch.zeros((), device=logp.device)
+    if token_entropy is not None:
+        ent = (token_entropy * weights).sum()
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * ent
+    active = (weights > 0).float()
+    with torch.no_grad():
+        stats = {"policy_loss": float(pg_loss), "policy_kl": float(kl), "entropy": float(ent),
+                 "clipped": float((clipped.float() * active).sum()), "tokens": float(active.sum()),
+                 "approx_kl": float(((torch.exp(log_ratio) - 1 - log_ratio) * active).sum())}
+    return loss, stats
+
+
+def policy_loss(cfg: AlgorithmConfig, *args, **kwargs) -> tuple[torch.Tensor, dict]:
+    """The registered loss that `cfg.policy_loss_type` names (the shards and the tests call this)."""
+    return _lookup(POLICY_LOSSES, cfg.policy_loss_type, "policy loss")(cfg, *args, **kwargs)

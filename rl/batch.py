@@ -3,43 +3,41 @@
 Mini-batches count prompts (GRPO groups), as SkyRL's `policy_mini_batch_size` does. Each
 sequence carries the weight of each of its scored tokens in its mini-batch's loss, computed once
 here over the whole mini-batch, so any split across micro-batches and ranks sums to the same loss.
+Items are split for the ranks once (`split_for_ranks`); every other per-token quantity (reference
+and old log-probs) is keyed by `TrainItem.key`, so it can travel apart from the pictures.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from rl.rollout import Episode, TrainSeq
+from rl.algorithm import LOSS_REDUCTIONS
+from rl.rollout import Episode
+from vlm.forward import TrainSeq
 
 
 @dataclass
 class TrainItem:
+    key: int                    # the item's index in the step's batch
     seq: TrainSeq
     advantage: float
     token_weight: float
     minibatch: int
-    old_logprobs: np.ndarray | None = None
-    ref_logprobs: np.ndarray | None = None
 
     @property
     def n_scored(self) -> int:
-        return int(sum(self.seq.loss_mask[1:]))
-
-
-def rollout_logprobs(seq: TrainSeq) -> np.ndarray:
-    """The sampling log-probs of the scored tokens, in the trainer's flat order."""
-    return np.array([lp for lp, m in zip(seq.logprobs[1:], seq.loss_mask[1:]) if m], dtype=np.float32)
+        return self.seq.n_scored
 
 
 def build_items(episodes: list[Episode], advantages, prompts_per_minibatch: int, reduction: str,
                 drop_zero_advantage: bool = False) -> list[TrainItem]:
+    if reduction not in LOSS_REDUCTIONS:
+        raise ValueError(f"unknown loss reduction '{reduction}'; known: {', '.join(LOSS_REDUCTIONS)}")
     groups = sorted({ep.group for ep in episodes})
     minibatch_of_group = {g: i // prompts_per_minibatch for i, g in enumerate(groups)}
     kept = [(ep, float(a)) for ep, a in zip(episodes, advantages)
             if not (drop_zero_advantage and a == 0.0)]
     per_episode = [(ep, a, ep.sequences()) for ep, a in kept]
-    tokens_of_episode = {ep.episode_id: sum(int(sum(s.loss_mask[1:])) for s in seqs) for ep, _, seqs in per_episode}
+    tokens_of_episode = {ep.episode_id: sum(s.n_scored for s in seqs) for ep, _, seqs in per_episode}
     totals, episodes_in = {}, {}
     for ep, _, _ in per_episode:
         m = minibatch_of_group[ep.group]
@@ -50,12 +48,10 @@ def build_items(episodes: list[Episode], advantages, prompts_per_minibatch: int,
         m = minibatch_of_group[ep.group]
         if reduction == "token_mean":
             w = 1.0 / max(totals[m], 1)
-        elif reduction == "sequence_mean":
+        else:  # sequence_mean
             w = 1.0 / max(tokens_of_episode[ep.episode_id], 1) / episodes_in[m]
-        else:
-            raise ValueError(f"unknown loss reduction '{reduction}'")
         for s in seqs:
-            items.append(TrainItem(s, adv, w, m, old_logprobs=rollout_logprobs(s)))
+            items.append(TrainItem(len(items), s, adv, w, m))
     return items
 
 

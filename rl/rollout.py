@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from envs.dataset import init_state
 from inference.requests import GenRequest, Sampling
+from vlm.forward import TrainSeq
 
 
 @dataclass
@@ -33,15 +35,6 @@ class Turn:
     text: str
     feedback: str = ""
     valid_action: bool = True
-
-
-@dataclass
-class TrainSeq:
-    episode_id: str
-    input_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float]       # sampling log-prob at each masked-in position, 0 elsewhere
-    images: list[np.ndarray]
 
 
 @dataclass
@@ -97,16 +90,13 @@ class RolloutRunner:
         self.window, self.pictures = context_window_turns, context_pictures
 
     @classmethod
-    def from_config(cls, cfg, generate, prompter, env=None) -> "RolloutRunner":
-        """The run's turn limit, input length and context window; an in-process EnvPool unless `env` is given."""
+    def from_config(cls, cfg, generate, prompter, env) -> "RolloutRunner":
+        """The run's turn limit, input length and context window (cfg: settings.Config)."""
         g = cfg.generator
-        if env is None:
-            from actors.env_pool import EnvPool
-            env = EnvPool(cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)
         return cls(generate, env, prompter, g.max_turns, g.max_input_length, g.context_window_turns,
                    g.context_pictures)
 
-    def run(self, tasks: list[Task], sampling: Sampling, expect_version: int, progress=None) -> list[Episode]:
+    def run(self, tasks: list[Task], sampling: Sampling, expect_version: int) -> list[Episode]:
         episodes = {t.episode_id: Episode(t.episode_id, t.group, t.seed, adapter_version=expect_version)
                     for t in tasks}
         starts = self.env.reset([t.episode_id for t in tasks], seeds=[t.seed for t in tasks],
@@ -151,8 +141,6 @@ class RolloutRunner:
                 answers.append(ep.turns[-1].response_ids)
                 users.append(st["info"]["feedback"])
                 live.append(eid)
-            if progress is not None:
-                progress(turn, len(live))
             if not live:
                 break
         self.env.close(list(episodes))
@@ -162,3 +150,16 @@ class RolloutRunner:
 def _with_seed(sampling: Sampling, seed: int) -> Sampling:
     from dataclasses import replace
     return replace(sampling, seed=seed)
+
+
+def rollout_tasks(rows: list[dict], step: int, samples_per_prompt: int) -> list[Task]:
+    """`samples_per_prompt` episodes of each row's maze; the row's index is the GRPO group."""
+    return [Task(f"s{step}-p{i}-n{k}", i, init_state(row), row["seed"])
+            for i, row in enumerate(rows) for k in range(samples_per_prompt)]
+
+
+def training_sampling(cfg, step: int) -> Sampling:
+    """generator.sampling_params, seeded by the run's seed and the step (cfg: settings.Config)."""
+    p = cfg.generator.sampling_params
+    return Sampling(max_new_tokens=p.max_generate_length, temperature=p.temperature, top_p=p.top_p,
+                    seed=cfg.trainer.seed * 100_003 + step)

@@ -12,7 +12,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from settings.schema import CHOICES, Config
+from settings.schema import CHOICES, UNSUPPORTED, Config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
@@ -64,6 +64,10 @@ def _check_keys(node, source: str):
     for key, _ in _leaf_keys(node):
         if key in VALID_KEYS or any(key.startswith(f + ".") for f in _FREE_FORM):
             continue
+        reason = next((why for k, why in UNSUPPORTED.items() if key == k or key.startswith(k + ".")), None)
+        if reason:
+            raise ConfigError(f"{source}: '{key}' is a SkyRL key that visrl does not support: {reason} "
+                              f"(docs/configuration.md lists them)")
         section_keys = [v for v in VALID_KEYS if v.startswith(key + ".")]
         if section_keys:
             raise ConfigError(f"{source}: '{key}' is a section, not a value; set its keys, "
@@ -133,10 +137,16 @@ def validate(cfg: Config) -> None:
                 "trainer.placement.policy_num_gpus_per_node", "trainer.placement.ref_num_nodes",
                 "trainer.placement.ref_num_gpus_per_node", "data.train_size", "data.eval_size",
                 "trainer.eval_interval", "trainer.ckpt_interval", "trainer.hf_save_interval",
-                "environment.cell_px", "generator.max_input_length"]
+                "environment.cell_px", "generator.max_input_length", "trainer.max_prompt_length"]
     for key in positive:
         if _get(cfg, key) < 1:
             raise ConfigError(f"config key '{key}' must be >= 1; got {_get(cfg, key)}")
+    if t.eval_batch_size < 0:
+        raise ConfigError(f"config key 'trainer.eval_batch_size' must be >= 0 (0 = all mazes at once); got {t.eval_batch_size}")
+    if t.ckpt_timeout_s <= 0:
+        raise ConfigError(f"config key 'trainer.ckpt_timeout_s' must be > 0; got {t.ckpt_timeout_s}")
+    if g.eval_sampling_params.temperature < 0:
+        raise ConfigError("generator.eval_sampling_params.temperature must be >= 0 (0 = greedy)")
     if t.train_batch_size % t.policy_mini_batch_size:
         raise ConfigError(f"trainer.train_batch_size ({t.train_batch_size}) must be divisible by "
                           f"trainer.policy_mini_batch_size ({t.policy_mini_batch_size})")

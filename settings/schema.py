@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from rl.algorithm import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_REDUCTIONS, POLICY_LOSSES, AlgorithmConfig
+
 
 @dataclass
 class LoraConfig:
@@ -52,21 +54,6 @@ class RefConfig:
 
 
 @dataclass
-class AlgorithmConfig:
-    advantage_estimator: str = "grpo"  # grpo | rloo
-    grpo_norm_by_std: bool = True
-    use_kl_loss: bool = True
-    kl_loss_coef: float = 0.001
-    kl_estimator_type: str = "k3"  # k1 | k2 | k3
-    eps_clip_low: float = 0.2
-    eps_clip_high: float = 0.2
-    loss_reduction: str = "token_mean"  # token_mean | sequence_mean
-    entropy_coef: float = 0.0
-    filter_zero_advantage_groups: bool = False  # visrl: drop all-equal groups from the update
-    use_rollout_logprobs: bool = False  # visrl: the engines' sampling log-probs as the old policy
-
-
-@dataclass
 class PlacementConfig:
     colocate_all: bool = True
     policy_num_nodes: int = 1
@@ -85,8 +72,9 @@ class TrainerConfig:
     micro_forward_batch_size_per_gpu: int = 16
     micro_train_batch_size_per_gpu: int = 16
     update_epochs_per_batch: int = 1
-    max_prompt_length: int = 2048
-    strategy: str = "fsdp2"  # fsdp | fsdp2 (both run FSDP2's fully_shard)
+    max_prompt_length: int = 2048  # the first turn's prompt (instruction + picture) must fit
+    eval_batch_size: int = 0  # eval mazes run at once; 0 = all of them
+    strategy: str = "fsdp2"  # fsdp | fsdp2 (both run FSDP2's fully_shard; FSDP1 is not supported)
     seed: int = 42
     device: str = "auto"  # visrl: auto | cpu | cuda
     eval_interval: int = 5
@@ -100,11 +88,12 @@ class TrainerConfig:
     max_ckpts_to_keep: int = -1
     max_restarts: int = 2  # visrl: actor-group rebuilds before the run gives up
     fail_on_ckpt_error: bool = False  # visrl: stop the run when a checkpoint cannot be saved
+    ckpt_timeout_s: float = 300.0  # visrl: longest a checkpoint save may hold up a step
     stop_after_step: int = 0  # visrl: end this invocation after that step (0 = run to the end); resume later
     run_dir: str = "runs/default"  # visrl: metrics.jsonl, TensorBoard events, curve, config
-    project_name: str = "visrl"
+    project_name: str = "visrl"  # labels the progress bar
     run_name: str = "default"
-    logger: str = "tensorboard"
+    logger: str = "tensorboard"  # tensorboard | console (metrics.jsonl and the console only)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -121,7 +110,7 @@ class SamplingParams:
 @dataclass
 class EvalSamplingParams:
     max_generate_length: int = 16
-    temperature: float = 0.0  # greedy
+    temperature: float = 0.0  # 0 = greedy
 
 
 @dataclass
@@ -194,10 +183,84 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.resume_mode": ("none", "latest", "from_path"),
     "trainer.logger": ("tensorboard", "console"),
-    "trainer.algorithm.advantage_estimator": ("grpo", "rloo"),
-    "trainer.algorithm.kl_estimator_type": ("k1", "k2", "k3"),
-    "trainer.algorithm.loss_reduction": ("token_mean", "sequence_mean"),
+    "trainer.algorithm.advantage_estimator": tuple(ADVANTAGE_ESTIMATORS),
+    "trainer.algorithm.policy_loss_type": tuple(POLICY_LOSSES),
+    "trainer.algorithm.kl_estimator_type": tuple(KL_ESTIMATORS),
+    "trainer.algorithm.loss_reduction": LOSS_REDUCTIONS,
     "trainer.policy.optimizer_config.scheduler": ("constant_with_warmup", "cosine_with_warmup"),
     "generator.inference_engine.backend": ("hf", "vllm"),
     "environment.env_class": ("maze_2d/easy", "maze_2d/hard"),
+}
+
+# SkyRL keys a SkyRL user may pass that visrl does not implement: refused with the reason.
+UNSUPPORTED: dict[str, str] = {
+    "trainer.critic": "visrl trains without a critic (GRPO and RLOO need none)",
+    "trainer.reward": "the reward comes from the environment, not a reward model",
+    "trainer.placement.colocate_policy_ref": "colocate_all places policy and ref together already",
+    "trainer.placement.colocate_critic_reward": "there is no critic or reward model",
+    "trainer.placement.critic_num_nodes": "there is no critic",
+    "trainer.placement.critic_num_gpus_per_node": "there is no critic",
+    "trainer.placement.reward_num_nodes": "there is no reward model",
+    "trainer.placement.reward_num_gpus_per_node": "there is no reward model",
+    "trainer.sequence_parallel_backend": "sequence parallelism is not implemented",
+    "trainer.policy.sequence_parallel_size": "sequence parallelism is not implemented",
+    "trainer.ref.sequence_parallel_size": "sequence parallelism is not implemented",
+    "trainer.policy.deepspeed_config": "only FSDP2 is implemented", "trainer.ref.deepspeed_config": "only FSDP2 is implemented",
+    "trainer.policy.use_torch_compile": "not implemented", "trainer.policy.record_memory": "not implemented",
+    "trainer.policy.optimizer_config.offload_after_step": "not implemented",
+    "trainer.policy.fsdp_config.reshard_after_forward": "FSDP2's default (reshard) is used",
+    "trainer.policy.fsdp_config.fsdp_size": "every policy device is one FSDP2 rank",
+    "trainer.ref.fsdp_config.reshard_after_forward": "FSDP2's default (reshard) is used",
+    "trainer.ref.fsdp_config.fsdp_size": "every ref device is one FSDP2 rank",
+    "trainer.algorithm.kl_ctrl": "KL in the reward is not implemented (use_kl_loss is)",
+    "trainer.algorithm.use_kl_in_reward": "KL in the reward is not implemented (use_kl_loss is)",
+    "trainer.algorithm.use_kl_estimator_k3": "deprecated in SkyRL; use trainer.algorithm.kl_estimator_type=k3",
+    "trainer.algorithm.use_abs_kl": "deprecated in SkyRL; use trainer.algorithm.kl_estimator_type",
+    "trainer.algorithm.advantage_batch_normalize": "not implemented",
+    "trainer.algorithm.value_head_prefix": "there is no critic", "trainer.algorithm.value_clip": "there is no critic",
+    "trainer.algorithm.lambd": "GAE is not implemented", "trainer.algorithm.gamma": "GAE is not implemented",
+    "trainer.algorithm.clip_ratio_c": "dual-clip PPO is not implemented",
+    "trainer.algorithm.tis_imp_ratio_cap": "truncated importance sampling is not implemented",
+    "trainer.algorithm.use_tis": "truncated importance sampling is not implemented",
+    "trainer.algorithm.normalize_reward": "rewards are the env's 0/1",
+    "trainer.algorithm.dynamic_sampling": "use trainer.algorithm.filter_zero_advantage_groups",
+    "trainer.gradient_checkpointing": "not implemented", "trainer.gradient_checkpointing_use_reentrant": "not implemented",
+    "trainer.bf16": "the dtype follows the device (bf16 on cuda, fp32 on cpu)",
+    "trainer.critic_mini_batch_size": "there is no critic", "trainer.update_ref_every_epoch": "not implemented",
+    "trainer.use_sample_packing": "sequences are padded, not packed",
+    "trainer.flash_attn": "the model's default attention is used",
+    "trainer.disable_fast_tokenizer": "the fast tokenizer is always used",
+    "trainer.target_modules": "use trainer.policy.model.lora.target_modules", "trainer.use_orm_score": "not implemented",
+    "trainer.dump_data_batch": "not implemented", "trainer.dump_eval_results": "eval results always go to <run_dir>/eval/",
+    "generator.model_dtype": "the dtype follows the device", "generator.run_engines_locally": "engines are always Ray actors",
+    "generator.num_inference_engines": "use generator.inference_engine.num_engines",
+    "generator.backend": "use generator.inference_engine.backend",
+    "generator.inference_engine_tensor_parallel_size": "use generator.inference_engine.tensor_parallel_size",
+    "generator.gpu_memory_utilization": "use generator.inference_engine.gpu_memory_utilization",
+    "generator.weight_sync_backend": "adapters travel through shared storage (docs/design.md)",
+    "generator.weight_transfer_threshold_cuda_ipc_GB": "adapters travel through shared storage",
+    "generator.async_engine": "not implemented", "generator.batched": "every live episode of a turn is one batch",
+    "generator.vllm_v1_disable_multiproc": "use generator.inference_engine.engine_init_kwargs",
+    "generator.enable_prefix_caching": "use generator.inference_engine.engine_init_kwargs",
+    "generator.enable_chunked_prefill": "use generator.inference_engine.engine_init_kwargs",
+    "generator.max_num_batched_tokens": "use generator.inference_engine.engine_init_kwargs",
+    "generator.enforce_eager": "use generator.inference_engine.engine_init_kwargs",
+    "generator.max_num_seqs": "use generator.inference_engine.engine_init_kwargs",
+    "generator.remote_inference_engine_urls": "engines are Ray actors of this run",
+    "generator.enable_http_endpoint": "serve adapters with serve_app.py", "generator.http_endpoint_host": "see serve_app.py",
+    "generator.http_endpoint_port": "see serve_app.py", "generator.override_existing_update_group": "not implemented",
+    "generator.sampling_params.repetition_penalty": "not implemented", "generator.sampling_params.min_p": "not implemented",
+    "generator.sampling_params.top_k": "not implemented", "generator.sampling_params.logprobs": "log-probs are always kept",
+    "generator.sampling_params.stop": "an answer ends at <|im_end|>",
+    "generator.eval_sampling_params.repetition_penalty": "not implemented",
+    "generator.eval_sampling_params.top_p": "not implemented", "generator.eval_sampling_params.min_p": "not implemented",
+    "generator.eval_sampling_params.top_k": "not implemented", "generator.eval_sampling_params.logprobs": "not needed",
+    "generator.eval_sampling_params.stop": "an answer ends at <|im_end|>",
+    "generator.eval_n_samples_per_prompt": "evaluation plays each maze once",
+    "generator.use_conversation_multi_turn": "turns are always chat messages",
+    "generator.append_eos_token_after_stop_str_in_multi_turn": "an answer ends at <|im_end|>",
+    "generator.zero_reward_on_non_stop": "the env rewards only a stop on the goal",
+    "generator.apply_overlong_filtering": "not implemented",
+    "data.train_data": "mazes come from data.dataset_dir (python driver.py --make-dataset)",
+    "data.val_data": "use data.eval_set",
 }

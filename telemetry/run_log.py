@@ -2,8 +2,9 @@
 Ray metrics (Prometheus, scraped through the Ray Dashboard's metrics endpoint).
 
 Metric names follow SkyRL's (`policy/policy_loss`, `reward/avg_raw_reward`, `timing/generate`,
-`eval/all/avg_score`, ...). A resumed run appends to the same files; steps already logged are
-dropped first, so the history never holds a step twice or a gap.
+`eval/all/avg_score`, ...). A resumed run keeps what was logged up to the step it resumed from
+(the values of the run that made that checkpoint) and drops the rest, which it redoes; a fresh run
+starts empty. So the history never holds a step twice, nor a gap.
 """
 from __future__ import annotations
 
@@ -14,20 +15,15 @@ from pathlib import Path
 
 
 class RunLog:
-    def __init__(self, run_dir: str, resume_from_step: int = 0, tensorboard: bool = True, prometheus: bool = True):
+    def __init__(self, run_dir: str, keep_through_step: int = -1, tensorboard: bool = True, prometheus: bool = True):
+        """keep_through_step: the step a resumed run restarts after (-1: a fresh run, keep nothing)."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        self._truncate_after(resume_from_step)
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=resume_from_step + 1)
-            except ImportError:
-                self.tb = None
+        self.tensorboard, self.tb = tensorboard, None
         self.gauges = {}
         self.prometheus = prometheus
+        self.rewind(keep_through_step)
 
     def _truncate_after(self, step: int) -> None:
         if not self.path.exists():
@@ -39,11 +35,13 @@ class RunLog:
         tmp.replace(self.path)
 
     def rewind(self, step: int) -> None:
-        """After a recovery: drop what was logged after `step`, which will be redone."""
+        """Drop what was logged after `step` (it will be redone), in metrics.jsonl and TensorBoard."""
         self._truncate_after(step)
         if self.tb is not None:
-            from torch.utils.tensorboard import SummaryWriter
             self.tb.close()
+            self.tb = None
+        if self.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
             self.tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=step + 1)
 
     def log(self, step: int, metrics: dict) -> None:

@@ -2,6 +2,10 @@
 import os
 import pickle
 
+from rl.algorithm import AlgorithmConfig
+
+ALGORITHM = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, use_rollout_logprobs=True)
+
 
 def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=1):
     import torch
@@ -18,13 +22,11 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
     from rl.batch import split_for_ranks
 
     with open(items_path, "rb") as f:
-        items = pickle.load(f)  # written by the test itself
+        batch = pickle.load(f)  # written by the test itself
     shard = _shard(rank, world_size, port, model_dir, seed=0)
-    algo = {"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_estimator_type": "k3", "eps_clip_low": 0.2,
-            "eps_clip_high": 0.2, "entropy_coef": 0.0}
-    mine = split_for_ranks(items, world_size)[rank]
+    mine = split_for_ranks(batch["items"], world_size)[rank]
     before = shard.logprobs(mine, 1.0, micro_batch=2)
-    metrics = shard.train(mine, algo, 1.0, micro_batch=2, epochs=1)
+    metrics = shard.train(mine, ALGORITHM, 1.0, 2, 1, batch["ref"])
     shard.save_adapter(os.path.join(out_dir, "adapter"))
     state = shard.state_dict()
     if rank == 0:
@@ -51,12 +53,11 @@ def load_rank(rank, world_size, port, model_dir, state_path, out_dir):
 def schedule_rank(rank, world_size, port, model_dir, items_path, out_dir):
     """Three training batches under a cosine schedule over four steps; writes the LR each one used."""
     with open(items_path, "rb") as f:
-        items = pickle.load(f)  # written by the test itself
+        batch = pickle.load(f)  # written by the test itself
     shard = _shard(rank, world_size, port, model_dir, seed=0, total_steps=4,
                    optimizer={"lr": 1e-2, "scheduler": "cosine_with_warmup"})
-    algo = {"use_kl_loss": False, "kl_loss_coef": 0.0, "kl_estimator_type": "k3", "eps_clip_low": 0.2,
-            "eps_clip_high": 0.2, "entropy_coef": 0.0}
-    metrics = [shard.train(items, algo, 1.0, micro_batch=2, epochs=2) for _ in range(3)]
+    algo = AlgorithmConfig(use_kl_loss=False, use_rollout_logprobs=True)
+    metrics = [shard.train(batch["items"], algo, 1.0, 2, 2) for _ in range(3)]
     with open(os.path.join(out_dir, "lrs.pkl"), "wb") as f:
         pickle.dump([(m["lr"], m["optimizer_steps"]) for m in metrics], f)
     shard.shutdown()

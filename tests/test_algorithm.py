@@ -5,29 +5,41 @@ import numpy as np
 import pytest
 import torch
 
-from rl.algorithm import compute_advantages, entropy, kl_penalty, ppo_clip_loss
+from rl.algorithm import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    AlgorithmConfig,
+    compute_advantages,
+    entropy,
+    kl_penalty,
+    policy_loss,
+    ppo_clip_loss,
+)
+
+GRPO, DR_GRPO, RLOO = AlgorithmConfig(), AlgorithmConfig(grpo_norm_by_std=False), AlgorithmConfig(advantage_estimator="rloo")
 
 
 def test_grpo_hand_computed():
     # group 0: scores 1, 0, 0, 1 -> mean 0.5, unbiased std = sqrt(1/3)
-    adv = compute_advantages("grpo", [1, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 1])
+    adv = compute_advantages(GRPO, [1, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 1])
     s = math.sqrt(1 / 3)
     np.testing.assert_allclose(adv[:4], [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.5 / (s + 1e-6)])
     assert list(adv[4:]) == [0.0, 0.0]  # all-equal group: exactly zero, no NaN
 
 
 def test_dr_grpo_and_rloo_hand_computed():
-    np.testing.assert_allclose(compute_advantages("grpo", [1, 0, 0, 0], [0] * 4, norm_by_std=False),
+    np.testing.assert_allclose(compute_advantages(DR_GRPO, [1, 0, 0, 0], [0] * 4),
                                [0.75, -0.25, -0.25, -0.25])
     # RLOO: 1 - mean(0,0,0) = 1; 0 - mean(1,0,0) = -1/3
-    np.testing.assert_allclose(compute_advantages("rloo", [1, 0, 0, 0], [0] * 4), [1, -1 / 3, -1 / 3, -1 / 3])
+    np.testing.assert_allclose(compute_advantages(RLOO, [1, 0, 0, 0], [0] * 4), [1, -1 / 3, -1 / 3, -1 / 3])
 
 
 def test_tiny_std_does_not_blow_up():
-    adv = compute_advantages("grpo", [1.0, 1.0 + 1e-12, 1.0], [0, 0, 0])
+    adv = compute_advantages(GRPO, [1.0, 1.0 + 1e-12, 1.0], [0, 0, 0])
     assert np.all(np.isfinite(adv)) and np.abs(adv).max() < 1e-3
     with pytest.raises(ValueError, match="known: grpo"):
-        compute_advantages("gae", [1], [0])
+        compute_advantages(AlgorithmConfig(advantage_estimator="gae"), [1], [0])
 
 
 def test_kl_estimators_hand_computed():
@@ -54,3 +66,37 @@ def test_ppo_clip_hand_computed():
 def test_entropy_hand_computed():
     uniform = torch.log(torch.full((1, 4), 0.25))
     torch.testing.assert_close(entropy(uniform), torch.tensor([math.log(4)]))
+
+
+def test_policy_loss_hand_computed():
+    """The registered loss the shards call: clipped surrogate + k3 KL - entropy bonus, weighted."""
+    cfg = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.5, entropy_coef=0.1)
+    logp = torch.log(torch.tensor([1.5, 0.5, 1.1]))
+    old, adv = torch.zeros(3), torch.tensor([1.0, -1.0, 2.0])
+    weights = torch.tensor([0.5, 0.25, 0.25])
+    ref = torch.log(torch.tensor([1.0, 1.0, 1.0]))
+    ent = torch.tensor([0.2, 0.4, 0.6])
+    loss, stats = policy_loss(cfg, logp, old, adv, weights, ref_logp=ref, token_entropy=ent)
+    pg = 0.5 * -1.2 + 0.25 * 0.8 + 0.25 * -2.2  # the clipped surrogate of test_ppo_clip_hand_computed
+    d = logp - ref
+    kl = float(((torch.exp(-d) + d - 1) * weights).sum())
+    entropy_term = 0.5 * 0.2 + 0.25 * 0.4 + 0.25 * 0.6
+    assert abs(float(loss) - (pg + 0.5 * kl - 0.1 * entropy_term)) < 1e-6
+    assert abs(stats["policy_loss"] - pg) < 1e-6 and abs(stats["policy_kl"] - kl) < 1e-6
+    assert stats["clipped"] == 2 and stats["tokens"] == 3
+    no_kl, _ = policy_loss(AlgorithmConfig(use_kl_loss=False), logp, old, adv, weights, ref_logp=ref)
+    assert abs(float(no_kl) - pg) < 1e-6  # the KL is measured but not in the loss
+    zero = policy_loss(cfg, logp, old, adv, torch.zeros(3), ref_logp=ref, token_entropy=ent)[0]
+    assert float(zero) == 0.0  # tokens of weight 0 (a padding pass) contribute nothing
+
+
+def test_registries_are_the_valid_config_names():
+    from settings import ConfigError, load_config
+    from settings.schema import CHOICES
+    assert CHOICES["trainer.algorithm.advantage_estimator"] == tuple(ADVANTAGE_ESTIMATORS)
+    assert CHOICES["trainer.algorithm.policy_loss_type"] == tuple(POLICY_LOSSES)
+    assert CHOICES["trainer.algorithm.kl_estimator_type"] == tuple(KL_ESTIMATORS)
+    for name in ADVANTAGE_ESTIMATORS:
+        assert load_config(None, [f"trainer.algorithm.advantage_estimator={name}"])
+    with pytest.raises(ConfigError, match="grpo, rloo"):
+        load_config(None, ["trainer.algorithm.policy_loss_type=regular", "trainer.algorithm.advantage_estimator=gae"])

@@ -35,4 +35,5 @@ def test_zero_advantage_groups_can_be_dropped_and_ranks_split_evenly():
     assert {it.seq.episode_id for it in items} == {"2", "3", "6", "7"}
     shards = split_for_ranks(items, 3)
     assert sorted(len(s) for s in shards) == [1, 1, 2] and sum(len(s) for s in shards) == 4
-    assert np.allclose(items[0].old_logprobs, [-0.1, -0.1])
+    assert np.allclose(items[0].seq.rollout_logprobs(), [-0.1, -0.1])
+    assert [it.key for it in items] == list(range(len(items)))  # ref and old log-probs are keyed by it

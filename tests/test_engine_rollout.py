@@ -8,7 +8,7 @@ from actors.handles import EngineClient
 from actors.vllm_engine import StaleAdapterError, VLLMEngine
 from envs.maze import MazeEnv
 from envs.prompt import INSTRUCTION
-from inference.requests import GenRequest, Sampling
+from inference.requests import AdapterRef, GenRequest, Sampling
 from rl.rollout import RolloutRunner, Task
 from vlm.chat import ChatPrompter
 from vlm.processor import load_processor
@@ -66,14 +66,14 @@ def test_adapter_changes_outputs_and_version_is_recorded(tiny_model_dir, adapter
     reqs = requests_for(prompter, [5, 6, 7], ["", "", ""])
     base = engine.generate(reqs, GREEDY)
     assert all(r.adapter_version == 0 for r in base)
-    assert engine.load_adapter({"path": adapter_dir, "version": 3}) == 3
+    assert engine.load_adapter(AdapterRef(adapter_dir, 3)) == 3
     tuned = engine.generate(reqs, GREEDY, expect_version=3)
     assert all(r.adapter_version == 3 for r in tuned)
     assert [r.logprobs for r in tuned] != [r.logprobs for r in base]
     with pytest.raises(StaleAdapterError, match="v3"):
         engine.generate(reqs, GREEDY, expect_version=2)
     with pytest.raises(StaleAdapterError):
-        engine.load_adapter({"path": adapter_dir, "version": 1})
+        engine.load_adapter(AdapterRef(adapter_dir, 1))
     engine.sleep()
     with pytest.raises(RuntimeError, match="asleep"):
         engine.generate(reqs, GREEDY)
@@ -83,10 +83,12 @@ def test_adapter_changes_outputs_and_version_is_recorded(tiny_model_dir, adapter
 
 def test_cut_picture_is_refused(engine, prompter):
     req = requests_for(prompter, [1], [""])[0]
-    req.prompt_ids = req.prompt_ids[:-20]  # drops image tokens' tail together with the header
-    cut = GenRequest(prompt_ids=[t for t in req.prompt_ids][:60], images=req.images)
+    first_pad = req.prompt_ids.index(prompter.image_token_id)
+    cut = GenRequest(prompt_ids=req.prompt_ids[:first_pad + 40], images=req.images)  # mid-picture
+    assert cut.prompt_ids.count(prompter.image_token_id) == 40  # 41 of the picture's 81 tokens are gone
     with pytest.raises(ValueError, match="image tokens"):
         engine.generate([cut], GREEDY)
+    assert len(engine.generate([req], GREEDY)) == 1  # the whole picture is fine
 
 
 @pytest.mark.parametrize("window, pictures", [(0, 0), (1, 0), (2, 0), (3, 1)])
@@ -100,7 +102,10 @@ def test_loss_mask_covers_exactly_the_models_turns(engine, prompter, window, pic
     for ep in episodes:
         assert ep.stop_reason in ("stop", "truncated") and 1 <= len(ep.turns) <= 6
         seqs = ep.sequences()
-        assert len(seqs) == (1 if window == 0 else len(ep.turns) if window == 1 or pictures else len(seqs))
+        n = len(ep.turns)
+        # window 0 keeps one growing sequence; window 2 merges turns 0 and 1 (turn 1's prompt still
+        # starts with turn 0), then each turn starts afresh; window 1, or a dropped picture, never merges
+        assert len(seqs) == {(0, 0): 1, (1, 0): n, (2, 0): max(1, n - 1), (3, 1): n}[(window, pictures)]
         masked_in = [t for s in seqs for t, m in zip(s.input_ids, s.loss_mask) if m]
         assert masked_in == [t for turn in ep.turns for t in turn.response_ids]
         assert tok.decode(masked_in) == "".join(tok.decode(t.response_ids) for t in ep.turns)

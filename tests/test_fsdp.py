@@ -6,6 +6,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from rl.algorithm import AlgorithmConfig, compute_advantages, policy_loss
 from rl.batch import build_items
 from rl.rollout import Episode, Turn
 from vlm.sharding import free_port
@@ -27,19 +28,18 @@ def make_items(model_dir):
         answer = tok.encode("<action>" + ["up", "down", "left"][i % 3] + "</action>", add_special_tokens=False) + [2]
         ep.turns.append(Turn(prompter.prompt([""], [], 1)[0], answer, [-1.0] * len(answer), [0], ""))
         episodes.append(ep)
-    from rl.algorithm import compute_advantages
-    adv = compute_advantages("grpo", [e.reward for e in episodes], [e.group for e in episodes])
+    adv = compute_advantages(AlgorithmConfig(), [e.reward for e in episodes], [e.group for e in episodes])
     items = build_items(episodes, adv, prompts_per_minibatch=1, reduction="token_mean")
     rng = np.random.default_rng(0)
-    for it in items:  # a reference policy that differs a little, so the KL term has a gradient
-        it.ref_logprobs = (it.old_logprobs + rng.normal(0, 0.1, it.n_scored)).astype(np.float32)
-    return items
+    # a reference policy that differs a little, so the KL term has a gradient
+    ref = {it.key: (it.seq.rollout_logprobs() + rng.normal(0, 0.1, it.n_scored)).astype(np.float32) for it in items}
+    return {"items": items, "ref": ref}
 
 
-def spawn_on_items(worker, world_size, model_dir, tmp_path, items):
-    """Run a tests.fsdp_worker function on `world_size` ranks over `items`; returns its output folder."""
+def spawn_on_items(worker, world_size, model_dir, tmp_path, batch):
+    """Run a tests.fsdp_worker function on `world_size` ranks over `batch` (make_items); returns its output folder."""
     items_path = tmp_path / "items.pkl"
-    items_path.write_bytes(pickle.dumps(items))
+    items_path.write_bytes(pickle.dumps(batch))
     out = tmp_path / f"{worker.__name__}-w{world_size}"
     out.mkdir()
     mp.start_processes(worker, args=(world_size, free_port(), model_dir, str(items_path), str(out)),
@@ -47,17 +47,17 @@ def spawn_on_items(worker, world_size, model_dir, tmp_path, items):
     return out
 
 
-def train_with(world_size, model_dir, tmp_path, items):
+def train_with(world_size, model_dir, tmp_path, batch):
     from tests.fsdp_worker import run_rank
-    out = spawn_on_items(run_rank, world_size, model_dir, tmp_path, items)
+    out = spawn_on_items(run_rank, world_size, model_dir, tmp_path, batch)
     result = pickle.loads((out / "result.pkl").read_bytes())
     return result, load_file(str(out / "adapter" / "adapter_model.safetensors"))
 
 
 def test_two_shards_match_one(tiny_model_dir, tmp_path):
-    items = make_items(tiny_model_dir)
-    one, lora_one = train_with(1, tiny_model_dir, tmp_path, items)
-    two, lora_two = train_with(2, tiny_model_dir, tmp_path, items)
+    batch = make_items(tiny_model_dir)
+    one, lora_one = train_with(1, tiny_model_dir, tmp_path, batch)
+    two, lora_two = train_with(2, tiny_model_dir, tmp_path, batch)
     assert one["optimizer_steps"] == two["optimizer_steps"] == 2  # two mini-batches of one prompt each
     for key in ("policy_loss", "policy_kl", "grad_norm", "entropy"):
         assert abs(one["metrics"][key] - two["metrics"][key]) < 1e-4 * max(1, abs(one["metrics"][key])), key
@@ -73,11 +73,12 @@ def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path):
     """Two FSDP2 shards give the LoRA update of one plain (unwrapped) PEFT model trained by hand."""
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
-    from rl.algorithm import kl_penalty, ppo_clip_loss
+    from tests.fsdp_worker import ALGORITHM
     from vlm.forward import collate, sampled_logprobs
     from vlm.load import load_model
-    items = make_items(tiny_model_dir)
-    two, lora_two = train_with(2, tiny_model_dir, tmp_path, items)
+    batch = make_items(tiny_model_dir)
+    items = batch["items"]
+    two, lora_two = train_with(2, tiny_model_dir, tmp_path, batch)
     torch.manual_seed(0)
     base, processor = load_model(tiny_model_dir)
     for p in base.parameters():
@@ -95,11 +96,10 @@ def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path):
             return torch.tensor(np.concatenate([np.full(c, v) for c, v in zip(counts, values)]), dtype=torch.float32)
 
         w, adv = flat([it.token_weight for it in chunk]), flat([it.advantage for it in chunk])
-        old = torch.tensor(np.concatenate([it.old_logprobs for it in chunk]))
-        ref = torch.tensor(np.concatenate([it.ref_logprobs for it in chunk]))
-        pg, _, _ = ppo_clip_loss(logp, old, adv)
-        loss = (pg * w).sum() + 0.1 * (kl_penalty(logp, ref, "k3") * w).sum()
-        first_loss = first_loss if first_loss is not None else float((pg * w).sum().detach())
+        old = torch.tensor(np.concatenate([it.seq.rollout_logprobs() for it in chunk]))
+        ref = torch.tensor(np.concatenate([batch["ref"][it.key] for it in chunk]))
+        loss, stats = policy_loss(ALGORITHM, logp, old, adv, w, ref_logp=ref)  # the function the shards call
+        first_loss = first_loss if first_loss is not None else stats["policy_loss"]
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -114,8 +114,7 @@ def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path):
 def test_a_checkpoint_from_one_shard_loads_into_two(tiny_model_dir, tmp_path):
     """LoRA and optimizer states are saved gathered, so a resume may change the world size."""
     from tests.fsdp_worker import load_rank
-    items = make_items(tiny_model_dir)
-    one, lora_one = train_with(1, tiny_model_dir, tmp_path, items)
+    one, lora_one = train_with(1, tiny_model_dir, tmp_path, make_items(tiny_model_dir))
     state = {"lora": lora_one, **one["state"]}
     state_path = tmp_path / "state.pkl"
     state_path.write_bytes(pickle.dumps(state))

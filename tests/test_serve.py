@@ -191,7 +191,8 @@ def test_a_maze_played_through_the_api_makes_the_eval_harness_moves(server, tmp_
     The shipped base plays (a random tiny model's garbage text does not survive a text round trip)."""
     from ray import serve
 
-    from rl.session import evaluate_locally, load_datasets
+    from actors.local import evaluate_locally
+    from rl.inputs import load_datasets
     from serve_app import app
     from serving.maze_client import openai_chat, play
     from settings import load_config
@@ -200,7 +201,7 @@ def test_a_maze_played_through_the_api_makes_the_eval_harness_moves(server, tmp_
               blocking=False)
     cfg = load_config(None, [f"trainer.run_dir={tmp_path}", f"data.dataset_dir={tmp_path}/data", "data.eval_size=6"])
     _, rows = load_datasets(cfg)
-    harness = evaluate_locally(cfg, None, None)
+    harness = evaluate_locally(cfg, rows)
     g = cfg.generator
     chat = openai_chat(f"{server}/maze/v1")
     played = [play(chat, "maze-vl-base", row, cfg.environment.cell_px, g.max_turns, g.context_window_turns,

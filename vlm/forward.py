@@ -7,7 +7,29 @@ order: sequence by sequence, masked-in positions left to right.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
+
+
+@dataclass
+class TrainSeq:
+    """One sequence the trainer scores: token ids, a loss mask that is 1 exactly on sampled tokens,
+    the sampling log-prob at each masked-in position (0 elsewhere), and the pictures its ids hold."""
+    episode_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    images: list[np.ndarray]
+
+    @property
+    def n_scored(self) -> int:
+        return int(sum(self.loss_mask[1:]))  # position t predicts token t+1: the first is never scored
+
+    def rollout_logprobs(self) -> np.ndarray:
+        """The sampling log-probs of the scored tokens, in the trainer's flat order."""
+        return np.array([lp for lp, m in zip(self.logprobs[1:], self.loss_mask[1:]) if m], dtype=np.float32)
 
 
 def collate(seqs, processor, device: str, dtype=torch.float32) -> dict:
@@ -46,11 +68,6 @@ def sampled_logprobs(model, batch: dict, temperature: float = 1.0, with_distribu
     return logp, (logp_all if with_distribution else None)
 
 
-def masked_counts(seqs) -> list[int]:
-    """How many scored tokens each sequence contributes (its first token is never scored)."""
-    return [sum(s.loss_mask[1:]) for s in seqs]
-
-
 def agree_max(n: int, world_size: int, device: str) -> int:
     """The largest n over the process group: FSDP ranks must run the same number of passes."""
     if world_size == 1:
@@ -62,15 +79,14 @@ def agree_max(n: int, world_size: int, device: str) -> int:
 
 
 @torch.no_grad()
-def score_items(model, processor, items, micro_batch: int, device: str, dtype, temperature: float,
-                world_size: int = 1) -> list:
-    """Per-item arrays of sampled-token log-probs, micro-batched, in step with the other ranks."""
-    import numpy as np
-    chunks = [items[i:i + micro_batch] for i in range(0, len(items), micro_batch)]
+def score_seqs(model, processor, seqs: list[TrainSeq], micro_batch: int, device: str, dtype, temperature: float,
+               world_size: int = 1) -> list[np.ndarray]:
+    """Per-sequence arrays of sampled-token log-probs, micro-batched, in step with the other ranks."""
+    chunks = [seqs[i:i + micro_batch] for i in range(0, len(seqs), micro_batch)]
     out = []
     for k in range(agree_max(len(chunks), world_size, device)):
-        chunk = chunks[k] if k < len(chunks) else items[:micro_batch]  # a pass whose result is dropped
-        logp, _ = sampled_logprobs(model, collate([it.seq for it in chunk], processor, device, dtype), temperature)
+        chunk = chunks[k] if k < len(chunks) else seqs[:micro_batch]  # a pass whose result is dropped
+        logp, _ = sampled_logprobs(model, collate(chunk, processor, device, dtype), temperature)
         if k < len(chunks):
-            out += np.split(logp.float().cpu().numpy(), np.cumsum([it.n_scored for it in chunk])[:-1])
+            out += np.split(logp.float().cpu().numpy(), np.cumsum([s.n_scored for s in chunk])[:-1])
     return out

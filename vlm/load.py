@@ -20,26 +20,51 @@ DEFAULT_CACHE = Path(os.environ.get("VISRL_CACHE", Path.home() / ".cache" / "vis
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def local_model_folder(path: str) -> Path | None:
+    """The existing folder `path` names (as given, or relative to the repository/install root)."""
+    p = Path(path).expanduser()
+    for candidate in ([p] if p.is_absolute() else [p, ROOT / p]):
+        if candidate.is_dir():
+            return candidate.resolve()
+    return None
+
+
+def model_source(path: str) -> str:
+    """"local", "s3" or "hub" for a model path, without any download; a path that looks local but
+    names no folder raises FileNotFoundError rather than being taken for a hub id."""
+    if is_s3(path):
+        return "s3"
+    folder = local_model_folder(path)
+    if folder is not None:
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"model folder '{path}' holds no config.json; point it at a saved "
+                                    f"transformers model (config.json, *.safetensors, processor files)")
+        return "local"
+    head = Path(path).parts[0] if Path(path).parts else ""
+    looks_local = (path.startswith((".", "/", "~")) or path.count("/") != 1
+                   or (Path(head).is_dir() or (ROOT / head).is_dir()))
+    if looks_local:
+        raise FileNotFoundError(f"model path '{path}' does not exist: no such folder here or under {ROOT}; "
+                                f"give a model folder, an s3://bucket/prefix or a Hugging Face id (org/name)")
+    return "hub"
+
+
 def resolve_model_path(path: str, s3_cfg=None, cache_dir: Path | None = None) -> str:
     """A local folder holding the model: the path itself, or a cached download of it."""
     cache_dir = Path(cache_dir or DEFAULT_CACHE)
-    local = Path(path) if Path(path).is_absolute() else ROOT / path
-    if not is_s3(path) and local.is_dir():
-        return str(local)
-    if is_s3(path):
+    kind = model_source(path)
+    if kind == "local":
+        return str(local_model_folder(path))
+    if kind == "s3":
         dest = cache_dir / "s3" / hashlib.sha256(path.encode()).hexdigest()[:16]
         if not (dest / ".complete").exists():
             print(f"=== Downloading SFT checkpoint === {path} -> {dest}", flush=True)
             open_store(path, s3_cfg).download_dir("", str(dest))
             (dest / ".complete").touch()
         return str(dest)
-    if path.count("/") == 1 and not path.startswith((".", "/")):
-        from huggingface_hub import snapshot_download
-        print(f"=== Downloading SFT checkpoint === {path} (Hugging Face)", flush=True)
-        return snapshot_download(path, cache_dir=str(cache_dir / "hf"),
-                                 endpoint=os.environ.get("HF_ENDPOINT") or None)
-    raise FileNotFoundError(f"model path '{path}' is not a folder, an s3:// prefix or a Hugging Face id "
-                            f"(org/name); check trainer.policy.model.path")
+    from huggingface_hub import snapshot_download
+    print(f"=== Downloading SFT checkpoint === {path} (Hugging Face)", flush=True)
+    return snapshot_download(path, cache_dir=str(cache_dir / "hf"), endpoint=os.environ.get("HF_ENDPOINT") or None)
 
 
 def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32, s3_cfg=None):
@@ -47,3 +72,10 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
     folder = resolve_model_path(path, s3_cfg)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dtype).to(device).eval()
     return model, load_processor(folder)
+
+
+def resolve_device(device: str) -> str:
+    """trainer.device: "auto" is cuda where a GPU is visible, else cpu."""
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"

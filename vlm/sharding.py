@@ -27,8 +27,7 @@ def node_ip() -> str:
         return "127.0.0.1"
 
 
-def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str,
-                     group_name: str = "policy") -> None:
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> None:
     if dist.is_initialized():
         return
     backend = "nccl" if device.startswith("cuda") else "gloo"
@@ -54,7 +53,3 @@ def shard_model(model, device: str, cpu_offload: bool = False, bf16_compute: boo
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     return model
-
-
-def world() -> tuple[int, int]:
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)

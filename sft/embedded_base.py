@@ -1,6 +1,6 @@
 """Build the embedded base model: random init, then supervised stages A, A2 and B, stopped short.
 
-    python -m vlm.sft --out assets/maze-vl-base [--seed 0]
+    python -m sft.embedded_base --out assets/maze-vl-base [--seed 0]
 
 Stage A (perception) stands in for the vision pretraining a real VLM brings: the vision tower
 plus a throw-away linear probe learn, for every cell of a maze picture, the BFS expert's move
@@ -39,10 +39,9 @@ from envs.actions import ACTIONS, MOVES
 from envs.expert import direction_field, expert_actions
 from envs.maze import MazeEnv
 from envs.prompt import INSTRUCTION, action_text
-from rl.rollout import TrainSeq
 from vlm.build import EmbeddedArch, build_random_base
 from vlm.chat import ChatPrompter
-from vlm.forward import collate, sampled_logprobs
+from vlm.forward import TrainSeq, collate, sampled_logprobs
 
 SFT_SEEDS = 10_000_000       # maze seeds for SFT: far from the train (0+) and eval (1,000,000+) sets
 PROBE_SEEDS = 20_000_000
@@ -120,6 +119,7 @@ def expert_turns(env: MazeEnv, prompter: ChatPrompter, tok, window: int, picture
 
 def validation_solve_rate(model, processor, prompter, cfg) -> float:
     """Greedy solve rate on 64 validation mazes (their own seeds: not the eval set)."""
+    from actors.env_pool import EnvPool
     from envs.dataset import init_state, make_rows
     from inference.hf_backend import HFBackend
     from inference.requests import Sampling
@@ -128,7 +128,8 @@ def validation_solve_rate(model, processor, prompter, cfg) -> float:
     g, env_id = cfg.generator, cfg.environment.env_class
     rows, _ = make_rows(env_id, VALIDATION_SEEDS, 64, g.max_turns, solvable_only=True)
     model.eval()
-    runner = RolloutRunner.from_config(cfg, HFBackend(model, processor).generate, prompter)
+    runner = RolloutRunner.from_config(cfg, HFBackend(model, processor).generate, prompter,
+                                       EnvPool(env_id, cfg.environment.cell_px, g.max_turns))
     episodes = runner.run([Task(f"val{i}", i, init_state(r)) for i, r in enumerate(rows)],
                           Sampling(max_new_tokens=8, temperature=0.0), 0)
     model.train()
@@ -175,11 +176,12 @@ def agent_stage(model, processor, arch, cfg, max_steps: int, batch: int, lr: flo
 
 def greedy_solve_rate(folder: str, overrides: list[str]) -> dict:
     """The shipped model on the default eval set, through the same path as --eval-only."""
-    from rl.session import evaluate_locally
+    from actors.local import evaluate_locally
+    from rl.inputs import load_datasets
     from settings import load_config
     cfg = load_config(None, list(overrides) + [f"trainer.policy.model.path={folder}", "trainer.run_dir=runs/sft-eval",
                                                "data.dataset_dir=runs/sft-eval/data"])
-    return evaluate_locally(cfg, None, None).summary()
+    return evaluate_locally(cfg, load_datasets(cfg)[1]).summary()
 
 
 def main(argv=None):

@@ -1,0 +1,104 @@
+"""What a run reads before it starts, checked before anything is written: the model path, the
+datasets, an adapter to evaluate, and whether the first prompt fits.
+
+Every problem is an InputError whose one-line message names the input, says what is wrong with it
+and what to do; the driver turns it into exit status 2. `cfg` is a settings.Config.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from envs.dataset import load_rows, write_dataset
+from envs.maze import SIZES
+from envs.prompt import INSTRUCTION
+from storage import StorageError, is_s3, open_store
+from vlm.chat import ChatPrompter
+from vlm.load import model_source
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+class InputError(ValueError):
+    """A file or path the user gave that the run cannot use; the message says what to do."""
+
+
+def check_model_path(path: str, key: str = "trainer.policy.model.path") -> None:
+    try:
+        model_source(path)
+    except FileNotFoundError as e:
+        raise InputError(f"{key}: {e}") from None
+
+
+def read_rows(path, name: str, env_id: str) -> list[dict]:
+    """Maze rows of `path` (named `name` in messages), all of env `env_id`, at least one."""
+    try:
+        rows = load_rows(path)
+    except (FileNotFoundError, ValueError) as e:
+        raise InputError(f"{name} '{path}': {e}") from None
+    if not rows:
+        raise InputError(f"{name} '{path}' holds no mazes; write a set with `python driver.py --make-dataset DIR`")
+    other = sorted({r["env_id"] for r in rows} - {env_id})
+    if other:
+        raise InputError(f"{name} '{path}' holds {', '.join(other)} mazes but environment.env_class is {env_id}; "
+                         f"pass a set of {env_id} mazes or set environment.env_class")
+    return rows
+
+
+def load_datasets(cfg, eval_set: str | None = None) -> tuple[list[dict], list[dict]]:
+    """The run's train and eval rows. A chosen eval set is checked first; the run's own dataset
+    folder is written on first use."""
+    env_id, d = cfg.environment.env_class, cfg.data
+    chosen = eval_set or d.eval_set
+    if chosen:
+        eval_rows = read_rows(chosen, "--eval-set" if eval_set else "data.eval_set", env_id)
+    folder = Path(d.dataset_dir)
+    if not (folder / "manifest.json").exists():
+        write_dataset(folder, env_id, d.train_size, d.eval_size, d.train_seed_start, d.eval_seed_start,
+                      cfg.generator.max_turns, d.solvable_only)
+    train_rows = read_rows(folder / "train.jsonl", "data.dataset_dir", env_id)
+    if not chosen:
+        eval_rows = read_rows(folder / "eval.jsonl", "data.dataset_dir", env_id)
+    return train_rows, eval_rows
+
+
+def adapter_folder(path: str, s3_cfg=None) -> str:
+    """The PEFT adapter folder `--adapter` names: the folder itself, or an export's `policy/`."""
+    if is_s3(path):
+        store = open_store(path, s3_cfg)
+        try:
+            if all(store.exists(f) for f in ADAPTER_FILES):
+                return path
+        except StorageError as e:
+            raise InputError(f"--adapter '{path}': {e}") from None
+        raise InputError(f"--adapter '{path}' holds no {' and '.join(ADAPTER_FILES)}; point it at an adapter prefix")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise InputError(f"--adapter '{path}' is not a folder; give an adapter folder such as "
+                         f"runs/default/exports/global_step_64/policy")
+    for candidate in (folder, folder / "policy"):
+        if all((candidate / f).is_file() for f in ADAPTER_FILES):
+            return str(candidate)
+    raise InputError(f"--adapter '{path}' holds no {' and '.join(ADAPTER_FILES)}; give a PEFT adapter folder "
+                     f"(a run exports them to <export_path>/global_step_N/policy)")
+
+
+def make_prompter(processor, cfg) -> ChatPrompter:
+    """The chat prompter of the run's model, with as many image tokens as one maze picture takes."""
+    side = SIZES[cfg.environment.env_class] * cfg.environment.cell_px
+    enc = processor.image_processor(images=[np.zeros((side, side, 3), np.uint8)], return_tensors="np")
+    merge = getattr(processor.image_processor, "merge_size", 1)
+    n_tokens = int(np.prod(enc["image_grid_thw"][0]) // (merge * merge))
+    return ChatPrompter(processor.tokenizer, n_tokens, INSTRUCTION)
+
+
+def check_prompt_fits(prompter: ChatPrompter, cfg) -> None:
+    """trainer.max_prompt_length bounds the first turn's prompt (instruction and picture)."""
+    first, _ = prompter.prompt([""], [])
+    limit = cfg.trainer.max_prompt_length
+    if len(first) > limit:
+        raise InputError(f"trainer.max_prompt_length: the first turn's prompt is {len(first)} tokens "
+                         f"({prompter.n_image} of them the picture) but the limit is {limit}; raise it or "
+                         f"lower environment.cell_px")
+

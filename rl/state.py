@@ -1,0 +1,33 @@
+"""What one training step changes, owned in one place: the step reached, the adapter the engines
+hold and the data position. The driver's loop is its only writer; a checkpoint is its snapshot."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inference.requests import AdapterRef
+from rl.sampler import PromptSampler
+
+
+@dataclass
+class RunState:
+    step: int
+    adapter: AdapterRef | None   # None: the engines serve the base model (version 0)
+    sampler: PromptSampler
+
+    @property
+    def version(self) -> int:
+        return self.adapter.version if self.adapter else 0
+
+    def snapshot(self, total_steps: int, config_yaml: str) -> dict:
+        """The trainer_state.json of a checkpoint."""
+        return {"global_step": self.step, "adapter_version": self.version, "total_steps": total_steps,
+                "sampler": self.sampler.state_dict(), "config": config_yaml}
+
+    def restore(self, trainer_state: dict, adapter: AdapterRef | None) -> None:
+        self.sampler.load_state_dict(trainer_state["sampler"])
+        self.step, self.adapter = int(trainer_state["global_step"]), adapter
+
+    def reset(self) -> None:
+        """Back to the start: step 0, the base model, the first batch of epoch 0."""
+        self.step, self.adapter = 0, None
+        self.sampler.epoch = self.sampler.cursor = 0

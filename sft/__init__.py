@@ -1,0 +1,1 @@
+"""Supervised recipes: how the embedded base model is built (`python -m sft.embedded_base`)."""

@@ -1,0 +1,1 @@
+"""Vision-language models: building, loading, the processor, the chat format, forward passes, FSDP2."""
