@@ -172,6 +172,7 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
     import ray
     from tqdm import tqdm
 
+    from actors.checkpointer import Checkpointer, resume_step
     from placement.fleet import ACTOR_FAILURES, Chaos, Fleet
     from rl.inputs import check_model_path, check_prompt_fits, load_datasets, make_prompter
     from rl.sampler import PromptSampler
@@ -185,6 +186,8 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
     check_model_path(t.policy.model.path)
     prompter = make_prompter(load_processor(resolve_model_path(t.policy.model.path, cfg.s3)), cfg)
     check_prompt_fits(prompter, cfg)
+    # which checkpoint to resume from, found before any actor starts (none that verifies: an error)
+    resume_at = resume_step(Checkpointer(t.ckpt_path, cfg.s3), t.ckpt_path) if t.resume_mode == "latest" else None
     train_rows, eval_rows = load_datasets(cfg)
     sampler = PromptSampler(train_rows, t.train_batch_size, t.seed)
     run = Run(cfg, Path(t.run_dir), eval_rows, t.epochs * sampler.steps_per_epoch, to_yaml(cfg))
@@ -199,7 +202,7 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
                   Chaos(chaos_every, chaos_method, chaos_in_recovery))
     fleet.start()
     state = RunState(0, None, sampler)
-    restore_s = fleet.restore(state, t.resume_mode)
+    restore_s = fleet.restore(state, t.resume_mode, resume_at)
     if restore_s is not None:
         print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {state.step} "
               f"(adapter v{state.version}) in {restore_s:.1f}s", flush=True)
@@ -253,7 +256,7 @@ def finish_saves(fleet, state, run: Run, attempts: int = 3) -> int:
     for attempt in range(attempts):
         if not fleet.save_failed:
             return 0
-        time.sleep(2.0 * 2 ** attempt)
+        time.sleep(2 ** attempt)
         print(f"retrying the checkpoint of step {state.step} ({attempt + 1}/{attempts})", flush=True)
         fleet.checkpoint(state, run.config_yaml)
     if not fleet.save_failed:

@@ -167,6 +167,19 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {self.path}/{step_dir(step)} cannot be loaded: {problem}")
 
 
+def resume_step(checkpointer, where: str) -> int | None:
+    """The step to resume from (`checkpointer`: a Checkpointer, or a handle that calls one), with a
+    warning for whatever was skipped; None when there is no checkpoint at all. Checkpoints that
+    exist but of which none verifies are an error, not a silent fresh start."""
+    step, notes = checkpointer.find_latest()
+    for note in notes:
+        print(f"WARNING: checkpoint {where}: skipped {note}", flush=True)
+    if step is None and notes:
+        raise CheckpointError(f"no checkpoint under {where} verifies ({'; '.join(notes)}); fix or remove them, "
+                              f"or start over with trainer.resume_mode=none")
+    return step
+
+
 def parse_step_path(path: str) -> tuple[str, int]:
     """'.../global_step_20' -> ('...', 20), for trainer.resume_path."""
     head, _, name = str(path).rstrip("/").rpartition("/")

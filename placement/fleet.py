@@ -19,11 +19,11 @@ from pathlib import Path
 
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-from actors.checkpointer import Checkpointer, CheckpointError, parse_step_path
+from actors.checkpointer import Checkpointer, CheckpointError, parse_step_path, resume_step
 from actors.handles import EngineClient, Sync, TrainingClient
 from inference.requests import AdapterRef
 from placement.groups import PlacementError
-from placement.launch import launch, start_checkpointer, teardown
+from placement.launch import launch, restart_checkpointer, teardown
 from placement.plan import make_plan
 from rl.rollout import RolloutRunner
 from rl.state import RunState
@@ -86,9 +86,10 @@ class Fleet:
         ray.get([h.__ray_ready__.remote() for h in self.actors.all_handles().values()])
 
     # ---- checkpoints ------------------------------------------------------------------------------
-    def restore(self, state: RunState, mode: str) -> float | None:
+    def restore(self, state: RunState, mode: str, step: int | None = None) -> float | None:
         """Load the checkpoint `mode` names (latest | from_path) into the shards, the engines and
-        `state`; returns the seconds it took, or None when there is nothing to resume from."""
+        `state`; returns the seconds it took, or None when there is nothing to resume from. With
+        mode=latest, `step` is the checkpoint already chosen (else the newest that verifies)."""
         t = self.cfg.trainer
         if mode == "none":
             return None
@@ -97,12 +98,7 @@ class Fleet:
             source = Sync(Checkpointer(root, self.cfg.s3))
         else:
             source = Sync(self.actors.checkpointer)
-            step, notes = source.find_latest()
-            for note in notes:
-                print(f"WARNING: checkpoint {t.ckpt_path}: skipped {note}", flush=True)
-            if step is None and notes:
-                raise CheckpointError(f"no checkpoint under {t.ckpt_path} verifies ({'; '.join(notes)}); "
-                                      f"fix or remove them, or start over with trainer.resume_mode=none")
+            step = step if step is not None else resume_step(source, t.ckpt_path)
             if step is None:
                 return None
         started = time.perf_counter()
@@ -131,8 +127,7 @@ class Fleet:
                 info = ray.get(ref, timeout=t.ckpt_timeout_s)
             except GetTimeoutError:
                 # a store that stopped answering: drop the stuck actor so the next save starts clean
-                ray.kill(self.actors.checkpointer)
-                self.actors.checkpointer = start_checkpointer(self.cfg)
+                self.actors.checkpointer = restart_checkpointer(self.cfg, self.actors.checkpointer)
                 raise CheckpointError(f"saving step {state.step} to {t.ckpt_path} took more than "
                                       f"trainer.ckpt_timeout_s={t.ckpt_timeout_s:g}s") from None
         except CheckpointError as e:

@@ -84,12 +84,29 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
 
 
 def start_checkpointer(cfg: Config):
-    """The Checkpointer actor (also restarted alone when a save hangs)."""
+    """The Checkpointer actor."""
     import ray
 
     from actors.checkpointer import Checkpointer
     return ray.remote(Checkpointer).options(name="Checkpointer", namespace=cfg.ray.namespace, num_cpus=0).remote(
         cfg.trainer.ckpt_path, cfg.s3, cfg.trainer.max_ckpts_to_keep)
+
+
+def restart_checkpointer(cfg: Config, old, timeout_s: float = 30.0):
+    """Kill a Checkpointer stuck on a store that stopped answering, and start a fresh one under the
+    same name once Ray has released it."""
+    import time
+
+    import ray
+    ray.kill(old)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor("Checkpointer", namespace=cfg.ray.namespace)
+        except ValueError:  # the name is free
+            break
+        time.sleep(0.1)
+    return start_checkpointer(cfg)
 
 
 def teardown(actors: ActorSet) -> None:

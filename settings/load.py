@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -178,6 +179,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("generator.context_window_turns and context_pictures must be >= 0 (0 keeps all)")
     if t.resume_mode == "from_path" and not t.resume_path:
         raise ConfigError("trainer.resume_mode=from_path needs trainer.resume_path")
+    if t.resume_mode == "from_path" and not re.fullmatch(r"global_step_\d+", t.resume_path.rstrip("/").rsplit("/", 1)[-1]):
+        raise ConfigError(f"trainer.resume_path must name a checkpoint folder ending in global_step_N; got '{t.resume_path}'")
     if not 0 < g.inference_engine.gpu_memory_utilization <= 1:
         raise ConfigError("generator.inference_engine.gpu_memory_utilization must be in (0, 1]")
 

@@ -88,7 +88,7 @@ class TrainerConfig:
     max_ckpts_to_keep: int = -1
     max_restarts: int = 2  # visrl: actor-group rebuilds before the run gives up
     fail_on_ckpt_error: bool = False  # visrl: stop the run when a checkpoint cannot be saved
-    ckpt_timeout_s: float = 300.0  # visrl: longest a checkpoint save may hold up a step
+    ckpt_timeout_s: float = 120.0  # visrl: longest a checkpoint save may hold up a step
     stop_after_step: int = 0  # visrl: end this invocation after that step (0 = run to the end); resume later
     run_dir: str = "runs/default"  # visrl: metrics.jsonl, TensorBoard events, curve, config
     project_name: str = "visrl"  # labels the progress bar

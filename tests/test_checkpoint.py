@@ -142,3 +142,29 @@ def test_s3_save_prune_resume_and_a_server_outage_mid_upload(s3_server, tmp_path
     assert errors and "failed after 2 tries" in str(errors[0])
     assert client.get_object(Bucket="ckpts", Key="run1/" + MARKER)["Body"].read() == b"3"
     assert Checkpointer("s3://ckpts/run1", cfg).latest() == 3
+
+
+@pytest.mark.parametrize("marker, note", [("", "empty"), ("ei\x00ght", "garbled"), ("9", "global_step_9, which does not exist")])
+def test_the_marker_is_a_hint(tmp_path, marker, note, capsys):
+    """An empty, garbled or dangling marker falls back to the newest checkpoint that verifies, and says so."""
+    from actors.checkpointer import resume_step
+    ck = Checkpointer(str(tmp_path / "c"))
+    for step in (6, 8):
+        save(ck, step, tmp_path)
+    (tmp_path / "c" / MARKER).write_text(marker)
+    step, notes = ck.find_latest()
+    assert step == 8 and len(notes) == 1 and note in notes[0]
+    assert resume_step(ck, "here") == 8 and note in capsys.readouterr().out
+    blob = tmp_path / "c" / "global_step_8" / "trainer_state.json"
+    blob.write_text(blob.read_text() + " ")
+    assert ck.find_latest()[0] == 6  # 8 no longer verifies: the next older one does
+
+
+def test_no_checkpoint_that_verifies_is_an_error_and_none_at_all_is_a_fresh_start(tmp_path):
+    from actors.checkpointer import resume_step
+    ck = Checkpointer(str(tmp_path / "c"))
+    assert resume_step(ck, "here") is None  # nothing there: start from step 0
+    save(ck, 2, tmp_path)
+    (tmp_path / "c" / "global_step_2" / "manifest.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="no checkpoint under here verifies.*resume_mode=none"):
+        resume_step(ck, "here")

@@ -9,7 +9,7 @@ from settings import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The reference run's command line, as DESIGN.md section 7 lists it (quotes included).
+# The reference run's command line, verbatim (quotes included), as docs/configuration.md quotes it.
 SEED_KEYS = """
 trainer.epochs=20 trainer.train_batch_size=24 trainer.policy_mini_batch_size=12
 trainer.micro_forward_batch_size_per_gpu=1 trainer.micro_train_batch_size_per_gpu=1
@@ -109,3 +109,13 @@ def test_dry_run_accepts_the_seed_command_line_and_rejects_typos_with_status_2()
     assert bad.returncode == 2 and "trainer.eval_interval" in bad.stderr
     missing = run_driver("--dry-run", "--config", "configs/nope.yaml")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_every_unsupported_skyrl_key_is_refused_with_its_reason_and_documented():
+    from settings.schema import UNSUPPORTED
+    docs = (ROOT / "docs" / "configuration.md").read_text()
+    for key, why in UNSUPPORTED.items():
+        assert f"`{key}`" in docs, key
+        with pytest.raises(ConfigError, match="does not support") as e:
+            load_config(None, [f"{key}=1"])
+        assert why in str(e.value)

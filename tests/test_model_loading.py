@@ -54,8 +54,12 @@ def test_hugging_face_id_through_a_local_hub(tiny_model_dir, tmp_path):
 
 def test_unknown_model_path_is_a_clear_error(tmp_path):
     import pytest
-    with pytest.raises(FileNotFoundError, match="trainer.policy.model.path"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_model_path(str(tmp_path / "nope" / "deeper" / "still"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):  # an existing first folder: local, not a hub id
+        resolve_model_path("assets/no-such-model")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        resolve_model_path(str(tmp_path))
 
 
 def test_prompt_pieces_equal_the_processors_own_template(tiny_model_dir):

@@ -46,16 +46,123 @@ def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tmp
     assert done.returncode == 0 and "is complete" in done.stdout
 
 
-def test_killed_actors_are_rebuilt_and_the_run_finishes(tiny_model_dir, tmp_path):
+def logged_steps(run):
+    """The steps in metrics.jsonl so far (while a run may be writing it)."""
+    steps = []
+    if (run / "metrics.jsonl").exists():
+        for line in (run / "metrics.jsonl").read_text().splitlines():
+            try:
+                steps.append(json.loads(line)["step"])
+            except ValueError:
+                pass  # a line being written
+    return steps
+
+
+def tensorboard_steps(run, tag="reward/avg_raw_reward"):
+    """The steps TensorBoard shows for a tag (purged events dropped, as TensorBoard drops them)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def test_killed_actors_are_rebuilt_even_when_a_second_fault_hits_the_recovery(tiny_model_dir, tmp_path):
+    """A random actor dies after steps 2 and 4, and the EnvPool dies again while the first recovery
+    rebuilds: the second fault is one more restart, and every step is logged exactly once."""
     run = tmp_path / "chaos"
     out = run_driver(tiny(tiny_model_dir, run) + ["--chaos-kill-every", "2", "--chaos-method", "mixed",
-                                                  "data.train_size=12", "trainer.ckpt_interval=3"])
+                                                  "--chaos-in-recovery", "data.train_size=12",
+                                                  "trainer.ckpt_interval=3", "trainer.max_restarts=4"])
     assert out.returncode == 0, out.stderr[-3000:]
     kills = [json.loads(line) for line in (run / "chaos.jsonl").read_text().splitlines()]
-    recoveries = [json.loads(line) for line in (run / "recoveries.jsonl").read_text().splitlines()]
-    assert [k["method"] for k in kills] == ["sigkill", "ray_kill"] and [k["after_step"] for k in kills] == [2, 4]
-    # the Checkpointer dies after step 2, so the save of step 3 fails: steps 1-3 are redone from step 0
-    assert [(r["resumed_from"], r["steps_lost"]) for r in recoveries] == [(0, 3), (3, 1)]
-    steps = [h["step"] for h in read(run)]
-    assert steps == [0, 1, 2, 3, 4, 5, 6]  # no gap, no repeat
+    assert [(k["after_step"], k["method"]) for k in kills] == [(2, "sigkill"), (None, "sigkill"), (4, "ray_kill")]
+    assert kills[1]["actor"] == "EnvPool" and kills[1]["note"] == "during recovery"
+    attempts = [json.loads(line) for line in (run / "recoveries.jsonl").read_text().splitlines()]
+    assert [(r["restart"], r["attempt"], r["ok"]) for r in attempts] == [(1, 1, False), (2, 2, True), (3, 1, True)]
+    assert "EnvPool" in attempts[0]["error"] or "died" in attempts[0]["error"].lower()
+    assert attempts[0]["failed_step"] == attempts[1]["failed_step"] == 3  # every actor is used by step 3
+    for r in (a for a in attempts if a["ok"]):  # back to the newest checkpoint (every 3rd step) before the failure
+        assert r["resumed_from"] == max(s for s in (0, 3, 6) if s < r["failed_step"])
+        assert r["steps_lost"] == r["failed_step"] - 1 - r["resumed_from"]
+    assert [h["step"] for h in read(run)] == [0, 1, 2, 3, 4, 5, 6]  # no gap, no repeat
+    assert tensorboard_steps(run) == [1, 2, 3, 4, 5, 6]
     assert "RECOVERY" in out.stdout
+
+
+def test_a_killed_driver_and_a_corrupt_checkpoint_resume_without_repeating_a_step(tiny_model_dir, tmp_path):
+    """SIGKILL of the driver after step 3 (checkpoint 2), rerun; then the newest checkpoint corrupted,
+    rerun: each time every step is logged once, and steps up to the checkpoint keep the first run's values."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_e2e import ROOT
+    run = tmp_path / "run"
+    args = tiny(tiny_model_dir, run)
+    proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    deadline = time.monotonic() + 300
+    while 3 not in logged_steps(run):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before step 3"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = read(run)
+    assert [h["step"] for h in first] == [0, 1, 2, 3] and (run / "ckpts" / "latest_ckpt_global_step.txt").read_text() == "2"
+
+    again = run_driver(args)
+    assert again.returncode == 0 and "at step 2" in again.stdout, again.stderr[-2000:]
+    second = read(run)
+    assert [h["step"] for h in second] == [0, 1, 2, 3, 4] and second[:3] == first[:3]
+    assert tensorboard_steps(run) == [1, 2, 3, 4]
+
+    blob = run / "ckpts" / "global_step_4" / "policy" / "adapter_model.safetensors"
+    blob.write_bytes(blob.read_bytes()[:-3] + b"xyz")
+    third = run_driver(args)
+    assert third.returncode == 0 and "skipped global_step_4" in third.stdout and "at step 2" in third.stdout
+    assert [h["step"] for h in read(run)] == [0, 1, 2, 3, 4] and read(run)[:3] == first[:3]
+    assert tensorboard_steps(run) == [1, 2, 3, 4]
+
+
+def test_checkpoint_store_faults_are_bounded_retried_and_reported(tiny_model_dir, tmp_path):
+    """The S3 store stops answering during step 2's save (SIGSTOP): the save gives up after
+    trainer.ckpt_timeout_s and step 3 saves again once it is back. Then it refuses connections: the
+    last save fails, is retried, and the run exits 3 naming the last durable checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import S3Server
+    from tests.test_e2e import ROOT
+    server = S3Server()
+    try:
+        server.client().create_bucket(Bucket="faults")
+        run = tmp_path / "run"
+        args = tiny(tiny_model_dir, run) + [
+            "data.train_size=12", "trainer.eval_before_train=false", "trainer.eval_interval=100",
+            "trainer.ckpt_path=s3://faults/run", f"s3.endpoint_url={server.url}", "s3.timeout_s=1",
+            "s3.max_attempts=1", "trainer.ckpt_timeout_s=4"]
+        proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        deadline = time.monotonic() + 400
+        for step, action in ((1, signal.SIGSTOP), (2, signal.SIGCONT), (4, signal.SIGKILL)):
+            while step not in logged_steps(run):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+                time.sleep(0.05)
+            os.kill(server.proc.pid, action)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        server.stop()
+    assert proc.returncode == 3, err[-3000:]
+    history = {h["step"]: h for h in read(run)}
+    assert sorted(history) == [1, 2, 3, 4, 5, 6]
+    assert history[2]["ckpt/failed"] == 1 and history[2]["timing/ckpt"] < 4 + 20  # bounded, not minutes
+    assert history[3]["ckpt/failed"] == 0 and history[4]["ckpt/failed"] == 0  # retried at the next step
+    assert history[6]["ckpt/failed"] == 1
+    assert "last durable checkpoint is step 4" in err and "solve rate: baseline" not in out

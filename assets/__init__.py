@@ -1,0 +1,1 @@
+"""Shipped model files: the embedded base model (assets/maze-vl-base)."""

@@ -1,0 +1,84 @@
+"""The code's shape: packages import only downward, and `pip install .` ships every package and
+the files the code reads (the embedded base, the configs)."""
+import ast
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Lowest first. A module may import its own package and packages of lower layers, nothing else.
+LAYERS = [
+    {"assets", "configs", "storage", "telemetry", "envs", "inference"},
+    {"vlm"},
+    {"rl"},
+    {"settings"},
+    {"actors"},
+    {"placement", "serving"},
+    {"sft"},
+    {"driver", "serve_app"},
+]
+LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def project_imports(path: Path) -> set[str]:
+    """The project's top-level packages a module imports, anywhere in it (function bodies too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found & set(LAYER_OF)
+
+
+def modules():
+    for name in LAYER_OF:
+        target = ROOT / name
+        yield from ((name, p) for p in (target.rglob("*.py") if target.is_dir() else [ROOT / f"{name}.py"]))
+
+
+def test_every_import_runs_downward():
+    upward = []
+    for package, path in modules():
+        for target in project_imports(path):
+            if target != package and LAYER_OF[target] >= LAYER_OF[package]:
+                upward.append(f"{path.relative_to(ROOT)} imports {target}")
+    assert not upward, upward
+
+
+def test_every_python_folder_is_a_listed_package():
+    listed = {line.strip().rstrip("*") for line in (ROOT / "setup.cfg").read_text().splitlines()
+              if line.startswith("    ") and line.strip().endswith("*")}
+    folders = {p.parent.name for p in ROOT.glob("*/*.py")} - {"tests", "bench"}
+    assert folders <= set(LAYER_OF) and folders <= listed, (folders - set(LAYER_OF), folders - listed)
+    assert all((ROOT / f / "__init__.py").is_file() for f in folders)
+
+
+def test_the_wheel_ships_every_package_and_runs_from_anywhere(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path / "dist"), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    [wheel] = (tmp_path / "dist").glob("visrl-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for package, path in modules():
+        assert str(path.relative_to(ROOT)) in names, path
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "processor_config.json"):
+        assert f"assets/maze-vl-base/{f}" in names, f
+    assert {"configs/default.yaml", "configs/hyperpod_qwen3vl_8b.yaml", "configs/serve.yaml"} <= names
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = ("import driver, serve_app, actors.local, placement.fleet, serving.adapters, sft.embedded_base, telemetry.curve\n"
+            "from settings import load_config\n"
+            "from vlm.load import resolve_model_path\n"
+            "cfg = load_config(None, [])\n"
+            "print(driver.__file__); print(resolve_model_path(cfg.trainer.policy.model.path))\n")
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    run = subprocess.run([sys.executable, "-c", code], cwd=away, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    driver_file, model_dir = run.stdout.split()[-2:]
+    assert driver_file.startswith(str(site)) and model_dir.startswith(str(site))

@@ -1,0 +1,60 @@
+"""Every user error the driver can meet ends with exit status 2 and one line naming the input,
+what is wrong and what to do: no traceback, nothing written, no network."""
+import json
+
+import pytest
+
+import driver
+from envs.dataset import make_rows, rows_bytes
+
+
+@pytest.fixture
+def files(tmp_path):
+    easy, _ = make_rows("maze_2d/easy", 5_000_000, 2, 20, True)
+    hard, _ = make_rows("maze_2d/hard", 5_000_000, 2, 30, True)
+    f = {"garbage": "this is not json\n", "empty": "", "hard": rows_bytes(hard).decode(),
+         "no_maze": "".join(json.dumps({k: v for k, v in r.items() if k != "maze"}) + "\n" for r in easy)}
+    for name, text in f.items():
+        (tmp_path / f"{name}.jsonl").write_text(text)
+    (tmp_path / "empty_adapter").mkdir()
+    (tmp_path / "not_a_model").mkdir()
+    return tmp_path
+
+
+# (arguments, words the one-line message must hold); {t} is the test's folder
+CASES = [
+    (["trainer.policy.model.path=assets/no-such-model"], ["assets/no-such-model", "does not exist"]),
+    (["--eval-only", "trainer.policy.model.path=./nowhere/model"], ["./nowhere/model", "does not exist"]),
+    (["--eval-only", "trainer.policy.model.path={t}/not_a_model"], ["not_a_model", "config.json"]),
+    (["--eval-only", "--eval-set", "{t}/missing.jsonl"], ["--eval-set", "missing.jsonl", "does not exist"]),
+    (["--eval-only", "--eval-set", "{t}/garbage.jsonl"], ["--eval-set", "garbage.jsonl", "not a maze row"]),
+    (["--eval-only", "--eval-set", "{t}/no_maze.jsonl"], ["--eval-set", "no_maze.jsonl", "maze"]),
+    (["--eval-only", "--eval-set", "{t}/hard.jsonl"], ["--eval-set", "maze_2d/hard", "environment.env_class"]),
+    (["--eval-only", "--eval-set", "{t}/empty.jsonl"], ["--eval-set", "empty.jsonl", "no mazes"]),
+    (["--eval-only", "--adapter", "{t}/no_adapter"], ["--adapter", "no_adapter", "not a folder"]),
+    (["--eval-only", "--adapter", "{t}/empty_adapter"], ["--adapter", "adapter_config.json"]),
+    (["data.eval_set={t}/missing.jsonl"], ["data.eval_set", "does not exist"]),
+    (["trainer.max_prompt_length=50"], ["trainer.max_prompt_length", "raise it"]),
+    (["trainer.train_batch_sise=8"], ["train_batch_sise", "did you mean 'trainer.train_batch_size'"]),
+    (["trainer.critic.model.path=x"], ["trainer.critic", "does not support"]),
+    (["trainer.resume_mode=from_path", "trainer.resume_path={t}/ckpts/step9"], ["resume_path", "global_step_N"]),
+    (["trainer.logger=wandb"], ["trainer.logger", "tensorboard, console"]),
+]
+
+
+@pytest.mark.parametrize("args, words", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
+def test_user_error(files, args, words, capsys, monkeypatch):
+    import huggingface_hub
+
+    def no_network(*a, **k):
+        raise AssertionError("a local-looking path must not be looked up on the Hugging Face Hub")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
+    run = files / "run"
+    argv = [a.format(t=files) for a in args] + [f"trainer.run_dir={run}", f"data.dataset_dir={run}/data"]
+    assert driver.main(argv) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.err + out.out, out.err
+    for w in words:
+        assert w.format(t=files) in lines[0], (w, lines[0])
+    assert not run.exists()  # nothing written: no run folder, no dataset
