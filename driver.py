@@ -221,7 +221,7 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
         try:
             metrics = grpo_step(step, state, fleet, run)
         except ACTOR_FAILURES as failure:
-            record = fleet.recover(failure, state)  # rebuild the actors, reload the newest checkpoint
+            record = fleet.recover(failure, state, step)  # rebuild the actors, reload the newest checkpoint
             log.rewind(state.step)
             pending |= {"recovery/restarts": fleet.restarts, "recovery/steps_lost": record["steps_lost"]}
             bar.n = state.step

@@ -13,21 +13,25 @@ settings drive ray.serve.llm (GPU, the vllm extra).
 
 import asyncio
 import json
+import logging
+import re
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from serving.adapters import AdapterSource, ResidentAdapters, validate_name
 from serving.errors import APIError
-from serving.schema import ChatRequest, Limits, chat_response, parse_chat_request
+from serving.schema import ChatRequest, Limits, chat_response, parse_chat_request, stream_chunks
 from serving.settings import ServeSettings
 from settings.schema import S3Config
 
 api = FastAPI(title="visrl multi-LoRA server")
+log = logging.getLogger("visrl.serve")
+MODEL_ID = re.compile(r"[A-Za-z0-9._-]{1,128}(:[A-Za-z0-9._-]{1,128})?")
 
 
 def _metrics() -> dict:
@@ -115,8 +119,11 @@ class MultiLoraServer:
     @api.post("/v1/chat/completions")
     async def chat(self, request: Request):
         start = time.perf_counter()
-        model_id = "?"
+        tag = "unknown"  # the latency metric's model tag: a known model id, never the client's raw string
         try:
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json":
+                raise APIError(415, f"request body must be sent as application/json, not '{kind[:64] or 'none'}'")
             size = int(request.headers.get("content-length") or 0)
             if size > self.limits.max_body_bytes:
                 raise APIError(413, f"request body is {size} bytes; at most {self.limits.max_body_bytes}")
@@ -125,23 +132,31 @@ class MultiLoraServer:
                 raise APIError(413, f"request body is {len(raw)} bytes; at most {self.limits.max_body_bytes}")
             try:
                 body = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: '[' * 100000
                 raise APIError(400, "request body is not valid JSON") from None
             req = parse_chat_request(body, self.limits)
-            model_id = req.model
             adapter = self._adapter_of(req.model)
             result = await self.generate_batch((req, adapter))
             if isinstance(result, APIError):
                 raise result
+            tag = req.model
+            if req.stream:
+                return StreamingResponse(stream_chunks(result, req.include_usage), media_type="text/event-stream")
             return JSONResponse(result)
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status)
-        except Exception as e:  # the server stays up; the client learns what happened
-            return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}").body(), status_code=500)
+        except Exception:  # the server stays up; the client learns that it failed, not the server's internals
+            log.exception("chat request failed")
+            return JSONResponse(APIError(500, "internal error; the request was not completed").body(), status_code=500)
         finally:
-            self.metrics["latency"].observe(time.perf_counter() - start, tags={"model": model_id[:160]})
+            self.metrics["latency"].observe(time.perf_counter() - start, tags={"model": tag})
 
     def _adapter_of(self, model: str) -> str | None:
+        """The adapter a model id names (None: the base). Ids outside the pattern are refused
+        before any lookup or metric sees them."""
+        if not MODEL_ID.fullmatch(model):
+            raise APIError(400, "invalid model id: use '<base_id>' or '<base_id>:<adapter>' with letters, digits, "
+                                "'.', '_' and '-' only (GET /v1/models lists them)", "model")
         base, sep, adapter = model.partition(":")
         if base != self.s.base_id:
             raise APIError(404, f"model '{model}' does not exist; GET /v1/models lists the models", "model")
@@ -165,6 +180,10 @@ class MultiLoraServer:
             except APIError as e:
                 for i in idx:
                     results[i] = e
+            except Exception:  # an adapter that fails to load fails its own requests, not the batch
+                log.exception("adapter %s failed", adapter)
+                for i in idx:
+                    results[i] = APIError(500, "internal error while loading the adapter; the request was not completed")
         return results
 
     def _run_group(self, adapter: str | None, reqs: list[ChatRequest]) -> list:
@@ -196,7 +215,10 @@ class MultiLoraServer:
                 except APIError as e:
                     out.append(e)
                 except ValueError as e:  # e.g. a picture the processor cannot take
-                    out.append(APIError(400, str(e)))
+                    out.append(APIError(400, str(e)[:300]))
+                except Exception:  # one request's failure stays its own
+                    log.exception("generation failed")
+                    out.append(APIError(500, "internal error; the request was not completed"))
         return out
 
 

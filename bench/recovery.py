@@ -5,7 +5,8 @@ recovery after an actor is killed: time from the kill to the next completed step
 
 Each scenario runs the real driver (Ray, actors) on the default config, shortened: no evals, a
 checkpoint every 2 steps. The chaos run SIGKILLs a random actor's process after step 3, one step
-after the last checkpoint, so one completed step is lost and redone.
+after the last checkpoint, so one completed step is lost and redone; the second also kills the
+EnvPool while the first recovery rebuilds the actors.
 """
 import argparse
 import json
@@ -58,25 +59,27 @@ def main():
     print("|---|---|---|---|")
     print("\n".join(rows))
 
-    run = tmp / "chaos"
-    driver([f"trainer.run_dir={run}", f"trainer.ckpt_path={run}/ckpts", f"trainer.export_path={run}/exports",
-            "trainer.eval_before_train=false", "trainer.eval_interval=1000", "trainer.ckpt_interval=2",
-            "trainer.hf_save_interval=1000", f"data.dataset_dir={tmp}/data", f"trainer.stop_after_step={args.steps + 1}",
-            "--chaos-kill-every", "3"], env)
-    kill = json.loads((run / "chaos.jsonl").read_text().splitlines()[0])
-    rec = json.loads((run / "recoveries.jsonl").read_text().splitlines()[0])
-    h = history(run)
-    after = min(x["time"] for x in h if x["time"] > kill["time"])
-    step_times = sorted(x["timing/step"] for x in h if x["step"] > 0)
-    step_s = step_times[len(step_times) // 2]
     print()
-    print("| killed actor | method | kill -> next completed step | rebuild + checkpoint reload | steps lost | "
-          "typical step |")
+    print("| scenario | killed | kill -> next completed step | rebuild attempts (s) | steps lost | typical step |")
     print("|---|---|---|---|---|---|")
-    print(f"| {kill['actor']} (after step {kill['after_step']}) | SIGKILL | {after - kill['time']:.1f} s | "
-          f"{rec['rebuild_s']:.1f} s | {rec['steps_lost']} (resumed from step {rec['resumed_from']}) | {step_s:.1f} s |")
-    steps = [x["step"] for x in h]
-    assert steps == sorted(set(steps)), "metrics hold a step twice"
+    for label, extra in (("one kill", []), ("a second kill during the recovery", ["--chaos-in-recovery"])):
+        run = tmp / ("chaos-" + label.split()[0])
+        driver([f"trainer.run_dir={run}", f"trainer.ckpt_path={run}/ckpts", f"trainer.export_path={run}/exports",
+                "trainer.eval_before_train=false", "trainer.eval_interval=1000", "trainer.ckpt_interval=2",
+                "trainer.hf_save_interval=1000", f"data.dataset_dir={tmp}/data",
+                f"trainer.stop_after_step={args.steps + 1}", "--chaos-kill-every", "3", *extra], env)
+        kills = [json.loads(line) for line in (run / "chaos.jsonl").read_text().splitlines()]
+        attempts = [json.loads(line) for line in (run / "recoveries.jsonl").read_text().splitlines()]
+        h = history(run)
+        after = min(x["time"] for x in h if x["time"] > kills[0]["time"])
+        step_times = sorted(x["timing/step"] for x in h if x["step"] > 0)
+        killed = ", ".join(f"{k['actor']} ({k['method']}, {k['note']})" for k in kills)
+        rebuilds = " + ".join(f"{a['rebuild_s']:.1f}" + ("" if a["ok"] else " (failed)") for a in attempts)
+        ok = [a for a in attempts if a["ok"]][0]
+        print(f"| {label} | {killed} | {after - kills[0]['time']:.1f} s | {rebuilds} | {ok['steps_lost']} (resumed "
+              f"from step {ok['resumed_from']}) | {step_times[len(step_times) // 2]:.1f} s |")
+        steps = [x["step"] for x in h]
+        assert steps == sorted(set(steps)), "metrics hold a step twice"
     s3.stop()
 
 

@@ -141,10 +141,10 @@ class Fleet:
         return {"ckpt/failed": 0.0, "ckpt/save_s": info["seconds"], "ckpt/bytes": info["bytes"]}
 
     # ---- faults -----------------------------------------------------------------------------------
-    def recover(self, failure: BaseException, state: RunState) -> dict:
-        """An actor died during step state.step + 1: tear everything down, rebuild, reload the newest
+    def recover(self, failure: BaseException, state: RunState, failed_step: int) -> dict:
+        """An actor died during `failed_step`: tear everything down, rebuild, reload the newest
         checkpoint into `state`. Retried while trainer.max_restarts allows; returns the last record."""
-        max_restarts, failed_step, completed = self.cfg.trainer.max_restarts, state.step + 1, state.step
+        max_restarts, completed = self.cfg.trainer.max_restarts, failed_step - 1
         attempt = 0
         while True:
             self.restarts += 1
@@ -160,7 +160,7 @@ class Fleet:
                 self.teardown()
                 self.start()
                 if self.chaos.in_recovery and attempt == 1 and self.restarts == 1:
-                    self.kill_one(self.actors.all_handles(), "EnvPool", "ray_kill", note="during recovery")
+                    self.kill_one(self.actors.all_handles(), "EnvPool", "sigkill", note="during recovery")
                 state.reset()
                 self.restore(state, "latest")
                 self.check_alive()

@@ -21,12 +21,12 @@ from serving.errors import APIError
 from storage import StorageError, open_store
 
 log = logging.getLogger("visrl.serve")
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")  # matched whole (fullmatch): no trailing newline slips by
 LAYOUTS = ("", "policy/")  # a plain adapter folder, or a run export's global_step_N/policy
 
 
 def validate_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME.match(name) or name in (".", "..") or set(name) == {"."}:
+    if not isinstance(name, str) or not NAME.fullmatch(name) or name in (".", "..") or set(name) == {"."}:
         raise APIError(400, f"invalid adapter name {name!r}: use letters, digits, '.', '_' and '-' only", "model")
     return name
 
@@ -46,7 +46,7 @@ class AdapterSource:
         except StorageError as e:  # the base model still serves; say why the adapters are missing
             log.warning("cannot list adapters under %s: %s", self.root, e)
             return []
-        return [d for d in dirs if NAME.match(d) and self._layout(d) is not None]
+        return [d for d in dirs if NAME.fullmatch(d) and self._layout(d) is not None]
 
     def _layout(self, name: str) -> str | None:
         for layout in LAYOUTS:
@@ -64,7 +64,7 @@ class AdapterSource:
             raise APIError(404, f"adapter '{name}' not found: this server has no dynamic_lora_loading_path", "model")
         layout = self._layout(name)
         if layout is None:
-            raise APIError(404, f"adapter '{name}' not found under {self.root}; GET /v1/models lists the models",
+            raise APIError(404, f"adapter '{name}' not found; GET /v1/models lists the models",
                            "model")
         dest = self.cache / name
         start = time.perf_counter()
@@ -76,7 +76,8 @@ class AdapterSource:
                 (tmp / f).write_bytes(self.store.get_bytes(f"{name}/{layout}{f}"))
         except StorageError as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise APIError(503, f"adapter '{name}' could not be downloaded: {e}") from None
+            log.warning("download of adapter %s failed: %s", name, e)  # where from stays in the server's log
+            raise APIError(503, f"adapter '{name}' could not be downloaded from the adapter store; try again") from None
         self.check(name, tmp)
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
@@ -89,7 +90,9 @@ class AdapterSource:
             raise APIError(400, f"adapter '{name}' has an unreadable adapter_config.json") from None
         if cfg.get("peft_type", "LORA") != "LORA":
             raise APIError(400, f"adapter '{name}' is {cfg.get('peft_type')}, only LoRA adapters are served")
-        rank = int(cfg.get("r", 0))
+        rank = cfg.get("r", 0)
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise APIError(400, f"adapter '{name}' has no integer LoRA rank 'r' in adapter_config.json")
         if rank > self.max_lora_rank:
             raise APIError(400, f"adapter '{name}' has LoRA rank {rank}; this server allows max_lora_rank="
                                 f"{self.max_lora_rank}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,6 +20,12 @@ from serving.errors import APIError
 
 ROLES = {"system", "user", "assistant"}
 IMAGE_MIME = {"image/png", "image/jpeg", "image/jpg", "image/gif", "image/webp"}
+# Request fields this server reads; OpenAI's others that change nothing here are accepted and
+# ignored; anything else is refused by name, so a typo never passes silently.
+FIELDS = {"model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "n", "stop", "seed",
+          "stream", "stream_options"}
+IGNORED = {"user", "metadata", "store", "logit_bias", "presence_penalty", "frequency_penalty", "response_format"}
+MIN_TEMPERATURE = 0.01  # below it (but above 0, which is greedy) the sampler's probabilities overflow
 
 
 @dataclass
@@ -41,6 +48,8 @@ class ChatRequest:
     n: int = 1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the token counts
 
 
 def _number(body, name, default, lo, hi, kind=float):
@@ -52,6 +61,15 @@ def _number(body, name, default, lo, hi, kind=float):
     if not lo <= value <= hi:
         raise APIError(400, f"'{name}' must be between {lo} and {hi}, got {value}", name)
     return kind(value)
+
+
+def _text(value: str, where: str) -> str:
+    """Text the tokenizer can take: valid Unicode (JSON can carry lone surrogates, which it cannot)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, f"{where} is not valid Unicode (it holds a lone surrogate)", "messages") from None
+    return value
 
 
 def decode_image(url: str, limits: Limits) -> np.ndarray:
@@ -82,6 +100,10 @@ def decode_image(url: str, limits: Limits) -> np.ndarray:
 def parse_chat_request(body, limits: Limits) -> ChatRequest:
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
+    unknown = sorted(set(body) - FIELDS - IGNORED)
+    if unknown:
+        raise APIError(400, f"unrecognized request field {unknown[0][:64]!r}; this server reads "
+                            f"{', '.join(sorted(FIELDS))}", unknown[0][:64])
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise APIError(400, "'model' is required: '<base_id>' or '<base_id>:<adapter>' (see GET /v1/models)", "model")
@@ -96,7 +118,7 @@ def parse_chat_request(body, limits: Limits) -> ChatRequest:
             raise APIError(400, f"messages[{i}] needs a role of {sorted(ROLES)}", "messages")
         content = m.get("content")
         if isinstance(content, str):
-            messages.append({"role": m["role"], "content": content})
+            messages.append({"role": m["role"], "content": _text(content, f"messages[{i}].content")})
             continue
         if not isinstance(content, list):
             raise APIError(400, f"messages[{i}].content must be a string or a list of parts", "messages")
@@ -104,9 +126,11 @@ def parse_chat_request(body, limits: Limits) -> ChatRequest:
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text" and isinstance(part.get("text"), str):
-                parts.append({"type": "text", "text": part["text"]})
+                parts.append({"type": "text", "text": _text(part["text"], f"messages[{i}].content[{j}].text")})
             elif kind == "image_url" and isinstance(part.get("image_url"), (dict, str)):
-                url = part["image_url"]["url"] if isinstance(part["image_url"], dict) else part["image_url"]
+                url = part["image_url"].get("url") if isinstance(part["image_url"], dict) else part["image_url"]
+                if not isinstance(url, str):
+                    raise APIError(400, f"messages[{i}].content[{j}].image_url needs a 'url' (a data URL)", "messages")
                 n_images += 1
                 if n_images > limits.max_images:
                     raise APIError(400, f"at most {limits.max_images} images a request", "messages")
@@ -117,16 +141,31 @@ def parse_chat_request(body, limits: Limits) -> ChatRequest:
     stop = body.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
-        raise APIError(400, "'stop' must be a string or a list of at most 4 strings", "stop")
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and 0 < len(s) <= 64 for s in stop):
+        raise APIError(400, "'stop' must be a string or a list of at most 4 strings of 1-64 characters", "stop")
+    stop = [_text(s, "'stop'") for s in stop]
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise APIError(400, "'seed' must be an integer", "seed")
-    return ChatRequest(model=model, messages=messages,
-                       temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-                       top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-                       max_tokens=_number(body, "max_tokens", 16, 1, limits.max_tokens, int),
-                       n=_number(body, "n", 1, 1, limits.max_n, int), stop=stop, seed=seed)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
+        raise APIError(400, "'seed' must be an integer from 0 to 2**63 - 1", "seed")
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise APIError(400, f"'temperature' must be 0 (greedy) or from {MIN_TEMPERATURE} to 2, got {temperature}",
+                       "temperature")
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p < MIN_TEMPERATURE:
+        raise APIError(400, f"'top_p' must be from {MIN_TEMPERATURE} to 1, got {top_p}", "top_p")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
+        raise APIError(400, "'stream' must be true or false", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or set(options) - {"include_usage"} or \
+            not isinstance(options.get("include_usage", False), bool):
+        raise APIError(400, "'stream_options' may hold only include_usage (true or false)", "stream_options")
+    tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    return ChatRequest(model=model, messages=messages, temperature=temperature, top_p=top_p,
+                       max_tokens=_number(body, tokens_key, 16, 1, limits.max_tokens, int),
+                       n=_number(body, "n", 1, 1, limits.max_n, int), stop=stop, seed=seed, stream=bool(stream),
+                       include_usage=options.get("include_usage", False))
 
 
 def chat_response(model: str, texts: list[str], finish: list[str], prompt_tokens: int, completion_tokens: int) -> dict:
@@ -136,3 +175,20 @@ def chat_response(model: str, texts: list[str], finish: list[str], prompt_tokens
                         for i, (t, f) in enumerate(zip(texts, finish))],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def stream_chunks(response: dict, include_usage: bool):
+    """A finished chat.completion as OpenAI's server-sent chunk events: per choice the role, the
+    content and the finish reason, then the usage if asked for, then [DONE]."""
+    base = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
+            "model": response["model"]}
+
+    def event(choices, **extra):
+        return f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n"
+    for c in response["choices"]:
+        yield event([{"index": c["index"], "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        yield event([{"index": c["index"], "delta": {"content": c["message"]["content"]}, "finish_reason": None}])
+        yield event([{"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"]}])
+    if include_usage:
+        yield event([], usage=response["usage"])
+    yield "data: [DONE]\n\n"

@@ -123,43 +123,159 @@ def test_openai_client(server, tiny_model_dir):
     assert "404" in str(e.value) or "does not exist" in str(e.value)
 
 
-BAD = [
-    ("not json", {"data": b"{nope"}, 400, "not valid JSON"),
+def body_with(**kw):
+    return {**chat_body("BASE", image=False), **kw}
+
+
+def image_body(url):
+    return {"model": "BASE", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": url}]}]}
+
+
+def user(content):
+    return {"model": "BASE", "messages": [{"role": "user", "content": content}]}
+
+
+JSON = {"content-type": "application/json"}
+# (name, requests.post keyword arguments, status, words in the message). BASE becomes the base id.
+HOSTILE = [
+    # malformed JSON
+    ("not json", {"data": b"{nope", "headers": JSON}, 400, "not valid JSON"),
+    ("empty body", {"data": b"", "headers": JSON}, 400, "not valid JSON"),
+    ("truncated json", {"data": b'{"model": "BASE"', "headers": JSON}, 400, "not valid JSON"),
+    ("deep nesting", {"data": b"[" * 100_000, "headers": JSON}, 400, "not valid JSON"),
+    ("array body", {"data": b"[1, 2]", "headers": JSON}, 400, "JSON object"),
+    ("string body", {"data": b'"hello"', "headers": JSON}, 400, "JSON object"),
+    ("null body", {"data": b"null", "headers": JSON}, 400, "JSON object"),
+    ("invalid utf-8", {"data": b'{"model": "\xff\xfe"}', "headers": JSON}, 400, "not valid JSON"),
+    ("NaN temperature", {"data": b'{"model": "BASE", "messages": [{"role": "user", "content": "hi"}], '
+                                 b'"temperature": NaN}', "headers": JSON}, 400, "temperature"),
+    # content types
+    ("text/plain", {"data": json.dumps(chat_body("BASE", image=False)).encode(), "headers": {"content-type": "text/plain"}},
+     415, "application/json"),
+    ("no content type", {"data": json.dumps(chat_body("BASE", image=False)).encode()}, 415, "application/json"),
+    ("form encoded", {"data": {"model": "BASE"}}, 415, "application/json"),
+    # wrong types and shapes
+    ("model int", {"json": {**chat_body("BASE", image=False), "model": 5}}, 400, "'model'"),
+    ("model empty", {"json": {**chat_body("BASE", image=False), "model": ""}}, 400, "'model'"),
+    ("model list", {"json": {**chat_body("BASE", image=False), "model": ["BASE"]}}, 400, "'model'"),
     ("no model", {"json": {"messages": [{"role": "user", "content": "hi"}]}}, 400, "'model'"),
     ("no messages", {"json": {"model": "BASE"}}, 400, "'messages'"),
+    ("messages string", {"json": {"model": "BASE", "messages": "hi"}}, 400, "'messages'"),
+    ("messages empty", {"json": {"model": "BASE", "messages": []}}, 400, "'messages'"),
+    ("message string", {"json": {"model": "BASE", "messages": ["hi"]}}, 400, "role"),
+    ("no role", {"json": {"model": "BASE", "messages": [{"content": "hi"}]}}, 400, "role"),
     ("bad role", {"json": {"model": "BASE", "messages": [{"role": "wizard", "content": "hi"}]}}, 400, "role"),
-    ("bad content", {"json": {"model": "BASE", "messages": [{"role": "user", "content": 5}]}}, 400, "content"),
-    ("temperature type", {"json": {**chat_body("BASE", image=False), "temperature": "hot"}}, 400, "temperature"),
-    ("max_tokens range", {"json": {**chat_body("BASE", image=False), "max_tokens": 10**6}}, 400, "max_tokens"),
-    ("max_tokens zero", {"json": {**chat_body("BASE", image=False), "max_tokens": 0}}, 400, "max_tokens"),
-    ("n range", {"json": {**chat_body("BASE", image=False), "n": 99}}, 400, "'n'"),
-    ("non-image data url", {"json": {"model": "BASE", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGVsbG8="}}]}]}}, 400, "base64 image"),
-    ("broken image", {"json": {"model": "BASE", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]}}, 400, "readable image"),
-    ("remote url", {"json": {"model": "BASE", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://169.254.169.254/x.png"}}]}]}}, 400, "data URL"),
-    ("oversized image", {"json": {"model": "BASE", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": png_data_url(side=1100, noise=False)}}]}]}}, 413, "pixels"),
-    ("oversized body", {"data": b"x" * 2_100_000, "headers": {"content-type": "application/json"}}, 413, "bytes"),
+    ("content int", {"json": user(5)}, 400, "content"),
+    ("content dict", {"json": user({"type": "text", "text": "hi"})}, 400, "content"),
+    ("part string", {"json": user(["hi"])}, 400, "text or image_url part"),
+    ("part audio", {"json": user([{"type": "input_audio", "input_audio": {}}])}, 400, "text or image_url part"),
+    ("text int", {"json": user([{"type": "text", "text": 5}])}, 400, "text or image_url part"),
+    ("image_url int", {"json": image_body(5)}, 400, "text or image_url part"),
+    ("image_url empty", {"json": image_body({})}, 400, "needs a 'url'"),
+    ("image url int", {"json": image_body({"url": 5})}, 400, "needs a 'url'"),
+    ("lone surrogate", {"data": b'{"model": "BASE", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+                        "headers": JSON}, 400, "lone surrogate"),
+    ("too many messages", {"json": {"model": "BASE", "messages": [{"role": "user", "content": "hi"}] * 257}}, 400,
+     "at most 256 messages"),
+    # sampling values
+    ("temperature string", {"json": body_with(temperature="hot")}, 400, "temperature"),
+    ("temperature bool", {"json": body_with(temperature=True)}, 400, "temperature"),
+    ("temperature negative", {"json": body_with(temperature=-1)}, 400, "temperature"),
+    ("temperature 3", {"json": body_with(temperature=3)}, 400, "temperature"),
+    ("temperature 1e-300", {"json": body_with(temperature=1e-300)}, 400, "temperature"),
+    ("top_p 0", {"json": body_with(top_p=0)}, 400, "top_p"),
+    ("top_p 1.5", {"json": body_with(top_p=1.5)}, 400, "top_p"),
+    ("max_tokens 0", {"json": body_with(max_tokens=0)}, 400, "max_tokens"),
+    ("max_tokens huge", {"json": body_with(max_tokens=10 ** 6)}, 400, "max_tokens"),
+    ("max_tokens float", {"json": body_with(max_tokens=2.5)}, 400, "max_tokens"),
+    ("max_tokens string", {"json": body_with(max_tokens="8")}, 400, "max_tokens"),
+    ("n 0", {"json": body_with(n=0)}, 400, "'n'"),
+    ("n 99", {"json": body_with(n=99)}, 400, "'n'"),
+    ("stop int", {"json": body_with(stop=5)}, 400, "'stop'"),
+    ("stop five", {"json": body_with(stop=["a", "b", "c", "d", "e"])}, 400, "'stop'"),
+    ("stop empty string", {"json": body_with(stop=[""])}, 400, "'stop'"),
+    ("seed string", {"json": body_with(seed="7")}, 400, "'seed'"),
+    ("seed negative", {"json": body_with(seed=-1)}, 400, "'seed'"),
+    ("seed 2**64", {"json": body_with(seed=2 ** 64)}, 400, "'seed'"),
+    ("unknown field", {"json": body_with(temprature=0.5)}, 400, "temprature"),
+    # streaming
+    ("stream yes", {"json": body_with(stream="yes")}, 400, "'stream'"),
+    ("stream options", {"json": body_with(stream=True, stream_options={"bogus": 1})}, 400, "stream_options"),
+    ("stream bad temperature", {"json": body_with(stream=True, temperature=9)}, 400, "temperature"),
+    # images
+    ("non-image data url", {"json": image_body({"url": "data:text/plain;base64,aGVsbG8="})}, 400, "base64 image"),
+    ("broken image", {"json": image_body({"url": "data:image/png;base64,aGVsbG8="})}, 400, "readable image"),
+    ("bad base64", {"json": image_body({"url": "data:image/png;base64,@@@@"})}, 400, "not valid base64"),
+    ("remote url", {"json": image_body({"url": "http://169.254.169.254/x.png"})}, 400, "data URL"),
+    ("file url", {"json": image_body({"url": "file:///etc/passwd"})}, 400, "data URL"),
+    ("oversized image", {"json": image_body({"url": png_data_url(side=1100, noise=False)})}, 413, "pixels"),
+    ("too many images", {"json": user([{"type": "image_url", "image_url": {"url": png_data_url(side=16)}}] * 17)},
+     400, "at most 16 images"),
+    # huge bodies
+    ("oversized body", {"data": b"x" * 2_100_000, "headers": JSON}, 413, "bytes"),
+    # model ids
     ("unknown model", {"json": chat_body("gpt-5", image=False)}, 404, "/v1/models"),
     ("unknown adapter", {"json": chat_body("BASE:ghost", image=False)}, 404, "not found"),
-    ("path traversal", {"json": chat_body("BASE:../../etc", image=False)}, 400, "invalid adapter name"),
-    ("absolute path", {"json": chat_body("BASE:/etc/passwd", image=False)}, 400, "invalid adapter name"),
+    ("path traversal", {"json": chat_body("BASE:../../etc", image=False)}, 400, "invalid"),
+    ("absolute path", {"json": chat_body("BASE:/etc/passwd", image=False)}, 400, "invalid model id"),
+    ("trailing newline", {"json": chat_body("BASE:alpha\n", image=False)}, 400, "invalid model id"),
+    ("non-ascii model", {"json": chat_body("café", image=False)}, 400, "invalid model id"),
+    ("non-ascii adapter", {"json": chat_body("BASE:café", image=False)}, 400, "invalid model id"),
+    ("long model id", {"json": chat_body("m" * 300, image=False)}, 400, "invalid model id"),
+    ("dot adapter", {"json": chat_body("BASE:..", image=False)}, 400, "invalid adapter name"),
     ("rank too large", {"json": chat_body("BASE:toolarge", image=False)}, 400, "max_lora_rank"),
 ]
 
 
-@pytest.mark.parametrize("name, kwargs, status, words", BAD, ids=[b[0] for b in BAD])
-def test_bad_requests_get_clear_errors_and_the_server_stays_up(server, tiny_model_dir, name, kwargs, status, words):
+def send_hostile(server, base, kwargs):
+    if "json" in kwargs:
+        kwargs = {"json": json.loads(json.dumps(kwargs["json"]).replace("BASE", base))}
+    elif isinstance(kwargs.get("data"), bytes):
+        kwargs = {**kwargs, "data": kwargs["data"].replace(b"BASE", base.encode())}
+    return requests.post(f"{server}/v1/chat/completions", timeout=120, **kwargs)
+
+
+def test_hostile_requests_get_4xx_in_openai_shape_and_never_fail_good_ones(server, tiny_model_dir, adapters):
+    """Every hostile request gets its status and OpenAI's error shape, none reveals a server path,
+    and good requests sent at the same time, batched with them, all succeed with the right answer."""
+    from concurrent.futures import ThreadPoolExecutor
+    assert len(HOSTILE) >= 60
     base = tiny_model_dir.rstrip("/").split("/")[-1]
-    kwargs = json.loads(json.dumps(kwargs, default=lambda b: b.decode("latin1")).replace("BASE", base)) \
-        if "json" in kwargs else kwargs
-    r = requests.post(f"{server}/v1/chat/completions", timeout=120, **kwargs)
-    assert r.status_code == status, r.text
-    assert words in r.json()["error"]["message"]
-    ok = post(server, chat_body(base))
-    assert ok.status_code == 200
+    want = post(server, chat_body(base)).json()["choices"][0]["message"]["content"]
+    jobs = [("hostile", case) for case in HOSTILE] + [("good", None)] * 24
+    jobs = [jobs[i] for i in np.random.default_rng(0).permutation(len(jobs))]
+
+    def go(job):
+        kind, case = job
+        return kind, case, (post(server, chat_body(base)) if kind == "good" else send_hostile(server, base, case[1]))
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(go, jobs))
+    for kind, case, r in results:
+        if kind == "good":
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == want, r.text
+            continue
+        name, _, status, words = case
+        assert r.status_code == status, (name, r.status_code, r.text[:300])
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["code"] == status, (name, err)
+        assert isinstance(err["message"], str) and words.replace("BASE", base) in err["message"], (name, err)
+        assert str(adapters) not in r.text and "/tmp" not in r.text, (name, r.text)  # no server paths
+    assert post(server, chat_body(base)).status_code == 200  # still up
+
+
+def test_streaming_with_the_openai_client_gives_the_same_answer(server, tiny_model_dir):
+    from openai import OpenAI
+    base = tiny_model_dir.rstrip("/").split("/")[-1]
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                             {"type": "image_url", "image_url": {"url": png_data_url(1)}}]}]
+    whole = client.chat.completions.create(model=f"{base}:alpha", max_tokens=5, temperature=0, messages=messages)
+    chunks = list(client.chat.completions.create(model=f"{base}:alpha", max_tokens=5, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}, messages=messages))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
 def test_adapters_from_a_local_s3_server(server, tiny_model_dir, adapters, s3_server, tmp_path):
