@@ -85,7 +85,7 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
 
     # 3. advantages: each episode's score against its group's (the samples of the same maze)
     with phases("advantages"):
-        advantages = compute_advantages(a, [ep.reward for ep in episodes], [ep.group for ep in episodes])
+        advantages = compute_advantages(a, episodes)  # per episode, one value a turn
     metrics = rollout_metrics(episodes, advantages, phases.seconds["generate"])
 
     # 4. training items: sequences with loss masks, per-token loss weights, mini-batches of prompts

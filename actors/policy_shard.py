@@ -146,7 +146,8 @@ class FSDPPolicyShard:
             return torch.tensor(np.concatenate([table[it.key] for it in chunk]), device=dev)
 
         weights = per_token([it.token_weight for it in chunk]) * scale  # global: sums to 1 per mini-batch
-        loss, stats = policy_loss(algo, logp, flat(old), per_token([it.advantage for it in chunk]), weights,
+        advantages = torch.tensor(np.concatenate([it.advantage for it in chunk]), device=dev)
+        loss, stats = policy_loss(algo, logp, flat(old), advantages, weights,
                                   ref_logp=flat(ref) if ref is not None else None, token_entropy=entropy(logp_all))
         # FSDP averages gradients over ranks; the weights are global, so scale the average back up
         (loss * self.world_size).backward()

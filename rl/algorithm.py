@@ -1,22 +1,30 @@
 """GRPO as the peers define it: group-relative advantages, the PPO-clip loss, KL to the reference.
 
-Four small registries hold every choice the algorithm config names: advantage estimators
-(`grpo`, with or without std normalisation, and `rloo`), policy losses (`regular`: PPO-clip, as
-SkyRL calls it), KL estimators (k1, k2, k3) and loss reductions. settings/ validates the config
-against these same dictionaries, so a name is valid exactly when something is registered under it.
+Four small registries hold every choice the algorithm config names: advantage estimators (`grpo`,
+with or without std normalisation, `rloo`, and GiGPO's step-level credit `gigpo`), policy losses
+(`regular`: PPO-clip, as SkyRL calls it), KL estimators (k1, k2, k3) and loss reductions.
+settings/ validates the config against these same dictionaries, so a name is valid exactly when
+something is registered under it.
 
-The episode's scalar advantage is broadcast over its generated tokens only (the loss mask does
-that). Losses are a per-token weighted sum: the weights encode the reduction (`token_mean`: every
-sampled token of the mini-batch counts the same; `sequence_mean`: every episode counts the same),
-so micro-batching and data-parallel ranks give the exact same gradient as one big batch.
+A turn's advantage is broadcast over the tokens of its answer only (the loss mask does that).
+Losses are a per-token weighted sum: the weights encode the reduction (`token_mean`: every sampled
+token of the mini-batch counts the same; `sequence_mean`: every episode counts the same), so
+micro-batching and data-parallel ranks give the exact same gradient as one big batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
+
+
+@dataclass
+class GiGPOConfig:
+    """`trainer.algorithm.gigpo`: the paper's defaults (verl-agent's `algorithm.gigpo`, `algorithm.gamma`)."""
+    step_advantage_w: float = 1.0  # weight of the step-level advantage
+    gamma: float = 0.95  # discount of the step-level returns
 
 
 @dataclass
@@ -34,6 +42,7 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     filter_zero_advantage_groups: bool = False  # visrl: drop all-equal groups from the update
     use_rollout_logprobs: bool = False  # visrl: the engines' sampling log-probs as the old policy
+    gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)  # visrl: with advantage_estimator=gigpo
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
@@ -57,44 +66,82 @@ def _lookup(table: dict, name: str, what: str):
 
 
 # ---- advantages ---------------------------------------------------------------------------------
-def _by_group(scores, groups):
-    scores, groups = np.asarray(scores, dtype=np.float64), np.asarray(groups)
-    return scores, {g: np.flatnonzero(groups == g) for g in np.unique(groups)}
-
-
-@_register(ADVANTAGE_ESTIMATORS, "grpo")
-def grpo_advantages(scores, groups, cfg: AlgorithmConfig, eps: float = 1e-6) -> np.ndarray:
-    """(score - group mean) / (group std + eps), std unbiased; Dr. GRPO's (score - mean) without std.
-
-    A group whose scores are all equal gets exactly 0 (no NaN from a zero or tiny std).
-    """
-    scores, index = _by_group(scores, groups)
+# An estimator takes the step's episodes (each with .group, .reward and .turns, a turn having the
+# env .state it started from and its .reward) and returns one array per episode: an advantage for
+# each of its turns, which every token of that turn's answer gets.
+def group_relative(scores, keys, norm_by_std: bool, eps: float = 1e-6) -> np.ndarray:
+    """(score - mean of its key's scores) / (their unbiased std + eps), or without the std.
+    A key with one score, or all scores equal, gives exactly 0 (no NaN from a zero or tiny std)."""
+    scores, keys = np.asarray(scores, dtype=np.float64), list(keys)
+    index: dict = {}
+    for i, k in enumerate(keys):
+        index.setdefault(k, []).append(i)
     adv = np.zeros_like(scores)
     for idx in index.values():
         s = scores[idx]
         if len(s) < 2 or np.all(s == s[0]):
             continue
         centred = s - s.mean()
-        adv[idx] = centred / (s.std(ddof=1) + eps) if cfg.grpo_norm_by_std else centred
+        adv[idx] = centred / (s.std(ddof=1) + eps) if norm_by_std else centred
     return adv
+
+
+def _per_turn(episodes, episode_values) -> list[np.ndarray]:
+    return [np.full(len(ep.turns), float(v)) for ep, v in zip(episodes, episode_values)]
+
+
+@_register(ADVANTAGE_ESTIMATORS, "grpo")
+def grpo_advantages(cfg: AlgorithmConfig, episodes) -> list[np.ndarray]:
+    """GRPO: the episode's score against its group's (std-normalised unless grpo_norm_by_std=false,
+    which is Dr. GRPO), the same for every turn."""
+    adv = group_relative([ep.reward for ep in episodes], [ep.group for ep in episodes], cfg.grpo_norm_by_std)
+    return _per_turn(episodes, adv)
 
 
 @_register(ADVANTAGE_ESTIMATORS, "rloo")
-def rloo_advantages(scores, groups, cfg: AlgorithmConfig) -> np.ndarray:
+def rloo_advantages(cfg: AlgorithmConfig, episodes) -> list[np.ndarray]:
     """Leave-one-out baseline: score minus the mean of the group's other samples."""
-    scores, index = _by_group(scores, groups)
+    scores = np.array([ep.reward for ep in episodes], dtype=np.float64)
+    groups = np.array([ep.group for ep in episodes])
     adv = np.zeros_like(scores)
-    for idx in index.values():
-        s = scores[idx]
-        if len(s) < 2:
-            continue
-        adv[idx] = s - (s.sum() - s) / (len(s) - 1)
-    return adv
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        if len(idx) > 1:
+            adv[idx] = scores[idx] - (scores[idx].sum() - scores[idx]) / (len(idx) - 1)
+    return _per_turn(episodes, adv)
 
 
-def compute_advantages(cfg: AlgorithmConfig, scores, groups) -> np.ndarray:
-    """One advantage an episode, from its score and its group (the prompt it was sampled for)."""
-    return _lookup(ADVANTAGE_ESTIMATORS, cfg.advantage_estimator, "advantage estimator")(scores, groups, cfg)
+def discounted_returns(rewards, gamma: float) -> np.ndarray:
+    """R_t = r_t + gamma * R_{t+1}: each turn's return from there to the episode's end."""
+    out, running = np.zeros(len(rewards)), 0.0
+    for t in reversed(range(len(rewards))):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+@_register(ADVANTAGE_ESTIMATORS, "gigpo")
+def gigpo_advantages(cfg: AlgorithmConfig, episodes) -> list[np.ndarray]:
+    """GiGPO (Feng et al. 2025, arXiv 2505.10978): the episode-level group advantage of GRPO plus
+    `gigpo.step_advantage_w` times a step-level one. Turns of one group's episodes that start from
+    the same env state (the same maze and agent cell, a state visited twice in one episode included)
+    form a step group; each turn's discounted return (`gigpo.gamma`) is compared with its step
+    group's, normalised like the episode level (`grpo_norm_by_std`)."""
+    episode_adv = group_relative([ep.reward for ep in episodes], [ep.group for ep in episodes], cfg.grpo_norm_by_std)
+    returns = [discounted_returns([t.reward for t in ep.turns], cfg.gigpo.gamma) for ep in episodes]
+    keys = [(ep.group, t.state) for ep in episodes for t in ep.turns]
+    step_adv = group_relative(np.concatenate(returns) if returns else [], keys, cfg.grpo_norm_by_std)
+    out, i = [], 0
+    for ep, a in zip(episodes, episode_adv):
+        n = len(ep.turns)
+        out.append(a + cfg.gigpo.step_advantage_w * step_adv[i:i + n])
+        i += n
+    return out
+
+
+def compute_advantages(cfg: AlgorithmConfig, episodes) -> list[np.ndarray]:
+    """One array per episode: the advantage of each of its turns."""
+    return _lookup(ADVANTAGE_ESTIMATORS, cfg.advantage_estimator, "advantage estimator")(cfg, episodes)
 
 
 # ---- per-token pieces ---------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from rl.algorithm import LOSS_REDUCTIONS
 from rl.rollout import Episode
 from vlm.forward import TrainSeq
@@ -19,7 +21,7 @@ from vlm.forward import TrainSeq
 class TrainItem:
     key: int                    # the item's index in the step's batch
     seq: TrainSeq
-    advantage: float
+    advantage: np.ndarray       # one value a scored token: the advantage of the turn it answers
     token_weight: float
     minibatch: int
 
@@ -28,14 +30,21 @@ class TrainItem:
         return self.seq.n_scored
 
 
-def build_items(episodes: list[Episode], advantages, prompts_per_minibatch: int, reduction: str,
+def token_advantages(episode: Episode, seq: TrainSeq, turn_advantages) -> np.ndarray:
+    """The advantage of each scored token of `seq`: its turn's."""
+    return np.concatenate([np.full(len(episode.turns[k].response_ids), turn_advantages[k], dtype=np.float32)
+                           for k in seq.turns]) if seq.turns else np.zeros(0, np.float32)
+
+
+def build_items(episodes: list[Episode], advantages: list[np.ndarray], prompts_per_minibatch: int, reduction: str,
                 drop_zero_advantage: bool = False) -> list[TrainItem]:
+    """advantages: per episode, one value a turn (rl.algorithm.compute_advantages)."""
     if reduction not in LOSS_REDUCTIONS:
         raise ValueError(f"unknown loss reduction '{reduction}'; known: {', '.join(LOSS_REDUCTIONS)}")
     groups = sorted({ep.group for ep in episodes})
     minibatch_of_group = {g: i // prompts_per_minibatch for i, g in enumerate(groups)}
-    kept = [(ep, float(a)) for ep, a in zip(episodes, advantages)
-            if not (drop_zero_advantage and a == 0.0)]
+    kept = [(ep, np.asarray(a)) for ep, a in zip(episodes, advantages)
+            if not (drop_zero_advantage and not np.any(a))]
     per_episode = [(ep, a, ep.sequences()) for ep, a in kept]
     tokens_of_episode = {ep.episode_id: sum(s.n_scored for s in seqs) for ep, _, seqs in per_episode}
     totals, episodes_in = {}, {}
@@ -51,7 +60,7 @@ def build_items(episodes: list[Episode], advantages, prompts_per_minibatch: int,
         else:  # sequence_mean
             w = 1.0 / max(tokens_of_episode[ep.episode_id], 1) / episodes_in[m]
         for s in seqs:
-            items.append(TrainItem(len(items), s, adv, w, m))
+            items.append(TrainItem(len(items), s, token_advantages(ep, s, adv), w, m))
     return items
 
 

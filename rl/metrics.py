@@ -6,9 +6,10 @@ import numpy as np
 from rl.rollout import Episode
 
 
-def rollout_metrics(episodes: list[Episode], advantages, generate_s: float) -> dict:
+def rollout_metrics(episodes: list[Episode], advantages: list[np.ndarray], generate_s: float) -> dict:
+    """advantages: per episode, one value a turn."""
     rewards = np.array([ep.reward for ep in episodes], dtype=np.float64)
-    adv = np.asarray(advantages, dtype=np.float64)
+    adv = np.concatenate([np.asarray(a, dtype=np.float64) for a in advantages]) if advantages else np.zeros(1)
     tokens = sum(ep.generated_tokens for ep in episodes)
     turns = sum(len(ep.turns) for ep in episodes)
     groups = {}

@@ -35,6 +35,8 @@ class Turn:
     text: str
     feedback: str = ""
     valid_action: bool = True
+    state: tuple | None = None  # the env state the turn started from (the agent's cell): GiGPO's anchor
+    reward: float = 0.0         # what the env paid for this turn's action
 
 
 @dataclass
@@ -64,7 +66,7 @@ class Episode:
     def sequences(self) -> list[TrainSeq]:
         """Training sequences: a turn whose prompt extends the previous sequence joins it."""
         seqs: list[TrainSeq] = []
-        for turn in self.turns:
+        for k, turn in enumerate(self.turns):
             cur = seqs[-1] if seqs else None
             if cur is not None and turn.prompt_ids[:len(cur.input_ids)] == cur.input_ids:
                 extra = turn.prompt_ids[len(cur.input_ids):]
@@ -72,11 +74,12 @@ class Episode:
                 cur.loss_mask += [0] * len(extra) + [1] * len(turn.response_ids)
                 cur.logprobs += [0.0] * len(extra) + list(turn.logprobs)
                 cur.images = [self.images[i] for i in turn.picture_turns]
+                cur.turns.append(k)
             else:
                 seqs.append(TrainSeq(self.episode_id, turn.prompt_ids + turn.response_ids,
                                      [0] * len(turn.prompt_ids) + [1] * len(turn.response_ids),
                                      [0.0] * len(turn.prompt_ids) + list(turn.logprobs),
-                                     [self.images[i] for i in turn.picture_turns]))
+                                     [self.images[i] for i in turn.picture_turns], [k]))
         return seqs
 
 
@@ -101,11 +104,12 @@ class RolloutRunner:
                     for t in tasks}
         starts = self.env.reset([t.episode_id for t in tasks], seeds=[t.seed for t in tasks],
                                 init_states=[t.init_state for t in tasks])
-        pieces = {}  # episode id -> (user turn texts, answer ids)
+        pieces, state = {}, {}  # episode id -> (user turn texts, answer ids); -> the agent's cell
         for s in starts:
             ep = episodes[s["episode_id"]]
             ep.images.append(s["image"])
             pieces[ep.episode_id] = ([""], [])
+            state[ep.episode_id] = tuple(s["info"]["agent"])
         live = [t.episode_id for t in tasks]
         for turn in range(self.max_turns):
             requests, asking = [], []
@@ -125,14 +129,17 @@ class RolloutRunner:
                 if res.adapter_version != expect_version:  # belt and braces: engines check too
                     raise RuntimeError(f"episode {eid} was sampled with adapter v{res.adapter_version}, "
                                        f"expected v{expect_version}")
-                episodes[eid].turns.append(Turn(ids, res.token_ids, res.logprobs, picture_turns, res.text))
+                episodes[eid].turns.append(Turn(ids, res.token_ids, res.logprobs, picture_turns, res.text,
+                                                state=state[eid]))
             steps = self.env.step([a[0] for a in asking], [r.text for r in results])
             live = []
             for (eid, _, _), st in zip(asking, steps):
                 ep = episodes[eid]
                 ep.turns[-1].feedback = st["info"]["feedback"]
                 ep.turns[-1].valid_action = st["info"]["valid_action"]
+                ep.turns[-1].reward = st["reward"]
                 ep.reward += st["reward"]
+                state[eid] = tuple(st["info"]["agent"])
                 if st["terminated"] or st["truncated"]:
                     ep.stop_reason = "stop" if st["terminated"] else "truncated"
                     continue

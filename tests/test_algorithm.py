@@ -16,30 +16,99 @@ from rl.algorithm import (
     policy_loss,
     ppo_clip_loss,
 )
+from rl.rollout import Episode, Turn
 
 GRPO, DR_GRPO, RLOO = AlgorithmConfig(), AlgorithmConfig(grpo_norm_by_std=False), AlgorithmConfig(advantage_estimator="rloo")
 
 
+def episodes_of(scores, groups):
+    """Episodes of one turn each, scored `scores`, in `groups`."""
+    out = []
+    for i, (score, group) in enumerate(zip(scores, groups)):
+        ep = Episode(f"e{i}", group, None, reward=float(score))
+        ep.turns.append(Turn([1], [2], [0.0], [0], "x", state=(1, 1), reward=float(score)))
+        out.append(ep)
+    return out
+
+
+def adv(cfg, scores, groups):
+    return np.concatenate(compute_advantages(cfg, episodes_of(scores, groups)))
+
+
 def test_grpo_hand_computed():
     # group 0: scores 1, 0, 0, 1 -> mean 0.5, unbiased std = sqrt(1/3)
-    adv = compute_advantages(GRPO, [1, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 1])
+    a = adv(GRPO, [1, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 1])
     s = math.sqrt(1 / 3)
-    np.testing.assert_allclose(adv[:4], [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.5 / (s + 1e-6)])
-    assert list(adv[4:]) == [0.0, 0.0]  # all-equal group: exactly zero, no NaN
+    np.testing.assert_allclose(a[:4], [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.5 / (s + 1e-6)])
+    assert list(a[4:]) == [0.0, 0.0]  # all-equal group: exactly zero, no NaN
 
 
 def test_dr_grpo_and_rloo_hand_computed():
-    np.testing.assert_allclose(compute_advantages(DR_GRPO, [1, 0, 0, 0], [0] * 4),
-                               [0.75, -0.25, -0.25, -0.25])
+    np.testing.assert_allclose(adv(DR_GRPO, [1, 0, 0, 0], [0] * 4), [0.75, -0.25, -0.25, -0.25])
     # RLOO: 1 - mean(0,0,0) = 1; 0 - mean(1,0,0) = -1/3
-    np.testing.assert_allclose(compute_advantages(RLOO, [1, 0, 0, 0], [0] * 4), [1, -1 / 3, -1 / 3, -1 / 3])
+    np.testing.assert_allclose(adv(RLOO, [1, 0, 0, 0], [0] * 4), [1, -1 / 3, -1 / 3, -1 / 3])
 
 
 def test_tiny_std_does_not_blow_up():
-    adv = compute_advantages(GRPO, [1.0, 1.0 + 1e-12, 1.0], [0, 0, 0])
-    assert np.all(np.isfinite(adv)) and np.abs(adv).max() < 1e-3
+    a = adv(GRPO, [1.0, 1.0 + 1e-12, 1.0], [0, 0, 0])
+    assert np.all(np.isfinite(a)) and np.abs(a).max() < 1e-3
     with pytest.raises(ValueError, match="known: grpo"):
-        compute_advantages(AlgorithmConfig(advantage_estimator="gae"), [1], [0])
+        adv(AlgorithmConfig(advantage_estimator="gae"), [1], [0])
+
+
+def walk(eid, group, cells, reward):
+    """An episode through `cells` (the state each turn starts from); the last turn earns `reward`."""
+    ep = Episode(eid, group, None, reward=reward)
+    for k, cell in enumerate(cells):
+        ep.images.append(np.zeros((2, 2, 3), np.uint8))
+        ep.turns.append(Turn([1], [2, 3], [0.0, 0.0], [k], "x", state=cell, reward=reward if k == len(cells) - 1 else 0.0))
+    return ep
+
+
+def test_gigpo_hand_computed_with_a_state_visited_twice():
+    """Two episodes of one maze. A: a -> b -> a -> goal, solved in 4 turns (it visits a twice).
+    B: a -> c, fails in 2 turns. gamma 0.5, weight 1, Dr. GRPO normalisation (no std) so the
+    values are easy to check by hand."""
+    A = walk("A", 0, [(1, 1), (1, 2), (1, 1), (1, 3)], 1.0)
+    B = walk("B", 0, [(1, 1), (2, 1)], 0.0)
+    cfg = AlgorithmConfig(advantage_estimator="gigpo", grpo_norm_by_std=False)
+    cfg.gigpo.gamma, cfg.gigpo.step_advantage_w = 0.5, 1.0
+    a, b = compute_advantages(cfg, [A, B])
+    # episode level: scores 1, 0 -> +0.5, -0.5
+    # returns: A 0.125, 0.25, 0.5, 1 (turns 0..3); B 0, 0
+    # step group (1,1): A turn 0 (0.125), A turn 2 (0.5), B turn 0 (0): mean 0.625/3
+    m = 0.625 / 3
+    np.testing.assert_allclose(a, [0.5 + 0.125 - m, 0.5 + 0, 0.5 + 0.5 - m, 0.5 + 0])  # (1,2), (1,3) alone: 0
+    np.testing.assert_allclose(b, [-0.5 + 0 - m, -0.5 + 0])
+    std = AlgorithmConfig(advantage_estimator="gigpo")  # the defaults: std-normalised, gamma 0.95, weight 1
+    returns = np.array([0.95 ** 3, 0.95, 0.0])
+    z = (returns - returns.mean()) / (returns.std(ddof=1) + 1e-6)
+    ep_a = 0.5 / (np.std([1, 0], ddof=1) + 1e-6)
+    a, b = compute_advantages(std, [A, B])
+    np.testing.assert_allclose([a[0], a[2], b[0]], [ep_a + z[0], ep_a + z[1], -ep_a + z[2]])
+
+
+def test_gigpo_prefers_the_shorter_of_two_successes():
+    """Both episodes solve the maze (GRPO sees no signal); GiGPO's step level favours the shortcut."""
+    short = walk("s", 0, [(1, 1), (1, 3)], 1.0)
+    long = walk("l", 0, [(1, 1), (2, 1), (1, 1), (1, 3)], 1.0)
+    assert not np.any(np.concatenate(compute_advantages(GRPO, [short, long])))
+    s, l_ = compute_advantages(AlgorithmConfig(advantage_estimator="gigpo"), [short, long])
+    assert s[0] > 0 and l_[0] < 0 and l_[2] > l_[0]  # from (1,1): the turn that goes straight on wins
+
+
+def test_per_turn_advantages_reach_exactly_their_turns_tokens():
+    from rl.batch import build_items
+    A = walk("A", 0, [(1, 1), (1, 2), (1, 1), (1, 3)], 1.0)
+    B = walk("B", 0, [(1, 1), (2, 1)], 0.0)
+    cfg = AlgorithmConfig(advantage_estimator="gigpo", grpo_norm_by_std=False)
+    per_turn = compute_advantages(cfg, [A, B])
+    items = build_items([A, B], per_turn, 1, "token_mean")
+    by_episode = {}
+    for it in items:
+        by_episode.setdefault(it.seq.episode_id, []).append(it.advantage)
+    np.testing.assert_allclose(np.concatenate(by_episode["A"]), np.repeat(per_turn[0], 2))  # 2 tokens a turn
+    np.testing.assert_allclose(np.concatenate(by_episode["B"]), np.repeat(per_turn[1], 2))
 
 
 def test_kl_estimators_hand_computed():

@@ -15,7 +15,7 @@ def episode(eid, group, answers, reward):
 
 def test_weights_sum_to_one_per_minibatch_for_both_reductions():
     eps = [episode("a", 0, [2, 3], 1.0), episode("b", 0, [4], 0.0), episode("c", 1, [1], 1.0), episode("d", 1, [5], 0.0)]
-    adv = [1.0, -1.0, 1.0, -1.0]
+    adv = [np.full(len(ep.turns), a) for ep, a in zip(eps, [1.0, -1.0, 1.0, -1.0])]
     for reduction in ("token_mean", "sequence_mean"):
         items = build_items(eps, adv, prompts_per_minibatch=1, reduction=reduction)
         for m in (0, 1):
@@ -31,7 +31,8 @@ def test_weights_sum_to_one_per_minibatch_for_both_reductions():
 
 def test_zero_advantage_groups_can_be_dropped_and_ranks_split_evenly():
     eps = [episode(str(i), i // 2, [2], float(i % 2)) for i in range(8)]
-    items = build_items(eps, [0.0, 0.0, 1, -1, 0.0, 0.0, 1, -1], 4, "token_mean", drop_zero_advantage=True)
+    adv = [np.array([a]) for a in [0.0, 0.0, 1, -1, 0.0, 0.0, 1, -1]]
+    items = build_items(eps, adv, 4, "token_mean", drop_zero_advantage=True)
     assert {it.seq.episode_id for it in items} == {"2", "3", "6", "7"}
     shards = split_for_ranks(items, 3)
     assert sorted(len(s) for s in shards) == [1, 1, 2] and sum(len(s) for s in shards) == 4

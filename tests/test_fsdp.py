@@ -28,7 +28,7 @@ def make_items(model_dir):
         answer = tok.encode("<action>" + ["up", "down", "left"][i % 3] + "</action>", add_special_tokens=False) + [2]
         ep.turns.append(Turn(prompter.prompt([""], [], 1)[0], answer, [-1.0] * len(answer), [0], ""))
         episodes.append(ep)
-    adv = compute_advantages(AlgorithmConfig(), [e.reward for e in episodes], [e.group for e in episodes])
+    adv = compute_advantages(AlgorithmConfig(), episodes)
     items = build_items(episodes, adv, prompts_per_minibatch=1, reduction="token_mean")
     rng = np.random.default_rng(0)
     # a reference policy that differs a little, so the KL term has a gradient
@@ -95,7 +95,8 @@ def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path):
         def flat(values, counts=counts):
             return torch.tensor(np.concatenate([np.full(c, v) for c, v in zip(counts, values)]), dtype=torch.float32)
 
-        w, adv = flat([it.token_weight for it in chunk]), flat([it.advantage for it in chunk])
+        w = flat([it.token_weight for it in chunk])
+        adv = torch.tensor(np.concatenate([it.advantage for it in chunk]))
         old = torch.tensor(np.concatenate([it.seq.rollout_logprobs() for it in chunk]))
         ref = torch.tensor(np.concatenate([batch["ref"][it.key] for it in chunk]))
         loss, stats = policy_loss(ALGORITHM, logp, old, adv, w, ref_logp=ref)  # the function the shards call

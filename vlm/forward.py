@@ -7,7 +7,7 @@ order: sequence by sequence, masked-in positions left to right.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ class TrainSeq:
     loss_mask: list[int]
     logprobs: list[float]
     images: list[np.ndarray]
+    turns: list[int] = field(default_factory=list)  # the episode turns whose answers it holds, in order
 
     @property
     def n_scored(self) -> int:
