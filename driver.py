@@ -60,7 +60,8 @@ class Run:
 
 
 def grpo_step(step: int, state, fleet, run: Run) -> dict:
-    """One GRPO step, top to bottom. Each phase is timed into timing/<phase>."""
+    """One GRPO step, top to bottom (state: rl.state.RunState, fleet: placement.fleet.Fleet).
+    Each phase is timed into timing/<phase>; the metrics of the step come back."""
     from inference.requests import AdapterRef
     from rl.algorithm import compute_advantages
     from rl.batch import build_items
@@ -79,11 +80,13 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
         tasks = rollout_tasks(rows, step, g.n_samples_per_prompt)
 
     # 2. rollouts: every live episode of a turn goes to the engines in one call, then the env pool steps
-    with phases("generate"):
+    with phases("wake"):
         fleet.engines.wake_up()
+    with phases("generate"):
         episodes = fleet.runner.run(tasks, training_sampling(cfg, step), state.version)
 
-    # 3. advantages: each episode's score against its group's (the samples of the same maze)
+    # 3. advantages: each episode's score against its group's (the samples of the same maze); one
+    #    value a turn, so an estimator with step-level credit (gigpo) can tell the turns apart
     with phases("advantages"):
         advantages = compute_advantages(a, episodes)  # per episode, one value a turn
     metrics = rollout_metrics(episodes, advantages, phases.seconds["generate"])
@@ -92,7 +95,7 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
     with phases("items"):
         items = build_items(episodes, advantages, t.policy_mini_batch_size, a.loss_reduction,
                             drop_zero_advantage=a.filter_zero_advantage_groups)
-    metrics["train/sequences"] = len(items)
+    metrics |= {"train/sequences": len(items), "train/tokens": sum(len(it.seq.input_ids) for it in items)}
 
     if items:  # a batch whose groups all scored alike carries no gradient
         if t.placement.colocate_all and g.inference_engine.enable_sleep:
@@ -114,7 +117,9 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
     with phases("sync"):
         adapter = AdapterRef(str(run.dir / "adapters" / f"v{state.version + 1}"), state.version + 1)
         fleet.trainer.save_adapter(adapter.path)
+    with phases("wake"):
         fleet.engines.wake_up()
+    with phases("sync"):
         loaded = fleet.engines.load_adapter(adapter)
         if any(v != adapter.version for v in loaded):
             raise RuntimeError(f"engines report adapter versions {loaded} after sync to v{adapter.version}")
@@ -134,7 +139,7 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
     if step % t.ckpt_interval == 0 or last or fleet.save_failed:
         with phases("ckpt"):
             metrics |= fleet.checkpoint(state, run.config_yaml)
-    return metrics | phases.metrics() | {"epoch": epoch}
+    return metrics | phases.metrics() | fleet.peak_memory() | {"epoch": epoch}
 
 
 def evaluate_policy(run: Run, fleet, state) -> dict:
@@ -241,8 +246,9 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
     code = finish_saves(fleet, state, run)
 
     history = log.history()
-    ceiling = next((h["eval/all/oracle_ceiling"] for h in reversed(history) if "eval/all/oracle_ceiling" in h), None)
-    plot_learning_curve(history, str(run.dir / "learning_curve.png"), ceiling)
+    last_eval = next((h for h in reversed(history) if "eval/all/oracle_ceiling" in h), {})
+    plot_learning_curve(history, str(run.dir / "learning_curve.png"), last_eval.get("eval/all/oracle_ceiling"),
+                        last_eval.get("eval/all/env_ceiling"))
     log.close()
     if code == 0:
         print(summary_line(history))

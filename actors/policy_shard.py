@@ -92,8 +92,10 @@ class FSDPPolicyShard:
             gap = {}
         else:
             old = self.logprobs(items, temperature, micro_batch)
-            gap = self._sum_across_ranks({"abs_diff": sum(float(np.abs(old[it.key] - it.seq.rollout_logprobs()).sum())
-                                                          for it in items),
+            # how far the engine's sampling log-probs are from this trainer's (bf16 kernels differ)
+            d = [old[it.key].astype(np.float64) - it.seq.rollout_logprobs() for it in items]
+            gap = self._sum_across_ranks({"abs_diff": float(sum(np.abs(x).sum() for x in d)),
+                                          "k3": float(sum((np.exp(x) - x - 1).sum() for x in d)),
                                           "tokens": float(sum(it.n_scored for it in items))})
         minibatches = sorted({it.minibatch for it in items})
         n_mb = self._agree_max(len(minibatches))
@@ -130,6 +132,7 @@ class FSDPPolicyShard:
                "lr": lr, "optimizer_steps": len(grad_norms)}
         if gap:
             out["rollout_logprob_diff"] = gap["abs_diff"] / max(gap["tokens"], 1)
+            out["rollout_k3"] = gap["k3"] / max(gap["tokens"], 1)
         return out
 
     def _micro_step(self, chunk, scale: float, algo: AlgorithmConfig, temperature: float, old: dict,
@@ -219,6 +222,10 @@ class FSDPPolicyShard:
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps = int(state["optimizer_steps"])
         torch.set_rng_state(state["torch_rng"])
+
+    def peak_memory_gib(self) -> float:
+        from vlm.load import peak_memory_gib
+        return peak_memory_gib()
 
     def shutdown(self) -> None:
         if dist.is_initialized():

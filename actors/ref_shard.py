@@ -37,3 +37,7 @@ class RefShard:
         scored = score_seqs(self.model, self.processor, [it.seq for it in items], micro_batch, self.device,
                             self.dtype, temperature, self.world_size)
         return {it.key: lp for it, lp in zip(items, scored)}
+
+    def peak_memory_gib(self) -> float:
+        from vlm.load import peak_memory_gib
+        return peak_memory_gib()

@@ -72,6 +72,10 @@ class VLLMEngine:
             self.backend.wake_up()
             self.asleep = False
 
+    def peak_memory_gib(self) -> float:
+        from vlm.load import peak_memory_gib
+        return peak_memory_gib()
+
     def status(self) -> dict:
         return {"rank": self.rank, "adapter_version": self.adapter_version, "asleep": self.asleep,
                 "backend": self.backend_name, "last_adapter_load_s": self.last_load_s}

@@ -8,6 +8,7 @@ records the filter and how many seeds it skipped.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -38,6 +39,14 @@ def make_rows(env_id: str, seed_start: int, count: int, max_turns: int, solvable
                          "start": list(env.agent), "goal": list(env.target), "optimal_moves": moves})
         seed += 1
     return rows, seed - seed_start
+
+
+@functools.lru_cache(maxsize=16)
+def env_ceiling(env_id: str, max_turns: int, seeds: int = 2000) -> float:
+    """The BFS expert's solve rate on random mazes of the env (seeds 0..seeds-1, no filter) within
+    max_turns: what a perfect agent reaches before any dataset filter (1.0 on a filtered set)."""
+    rows, _ = make_rows(env_id, 0, seeds, max_turns, solvable_only=False)
+    return sum(r["optimal_moves"] + 1 <= max_turns for r in rows) / seeds
 
 
 def rows_bytes(rows) -> bytes:

@@ -93,10 +93,12 @@ class HFBackend:
             temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
             top_k=None, eos_token_id=self.end_id, pad_token_id=self.pad_id, suppress_tokens=self.suppress,
             output_logits=True, return_dict_in_generate=True)
-        new = gen.sequences[:, width:].cpu()
-        logits = torch.stack(gen.logits, 1).float().cpu()
+        new = gen.sequences[:, width:]
+        # the sampled tokens' log-probs, on the device: only (batch x new tokens) values cross to the host
+        logits = torch.stack(gen.logits, 1).float()
         logp = torch.log_softmax(logits / (1.0 if greedy else sampling.temperature), -1)
-        logp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        logp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1).cpu()
+        new = new.cpu()
         results = []
         for row, r in enumerate(requests):
             toks = new[row].tolist()

@@ -85,6 +85,14 @@ class Fleet:
         import ray
         ray.get([h.__ray_ready__.remote() for h in self.actors.all_handles().values()])
 
+    def peak_memory(self) -> dict:
+        """{memory/<actor>_peak_gib: the GPU memory high-water mark of each GPU actor} (empty on the CPU)."""
+        if self.device != "cuda":
+            return {}
+        from actors.handles import call_all
+        named = {n: h for n, h in self.actors.all_handles().items() if n.startswith(("VLLM", "FSDP", "Ref"))}
+        return {f"memory/{n}_peak_gib": v for n, v in zip(named, call_all(list(named.values()), "peak_memory_gib"))}
+
     # ---- checkpoints ------------------------------------------------------------------------------
     def restore(self, state: RunState, mode: str, step: int | None = None) -> float | None:
         """Load the checkpoint `mode` names (latest | from_path) into the shards, the engines and

@@ -48,7 +48,8 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
     groups = create_groups(plan, cfg.trainer.placement.timeout_s)
     device = "cuda" if plan.use_gpu else "cpu"
     ns, t, g = cfg.ray.namespace, cfg.trainer, cfg.generator
-    threads = max(1, int(t.placement.cpus_per_bundle)) if device == "cpu" else None
+    # Ray starts actors with OMP_NUM_THREADS=1; host-side work (preprocessing, sampling) wants the bundle's CPUs
+    threads = max(1, int(t.placement.cpus_per_bundle))
     dtype = "bfloat16" if device == "cuda" else "float32"
     try:
         policy = [ray.remote(FSDPPolicyShard).options(**slot_options(groups, pool, i, slot, ns)).remote(

@@ -26,6 +26,9 @@ def rollout_metrics(episodes: list[Episode], advantages: list[np.ndarray], gener
         "generate/avg_turns": turns / max(len(episodes), 1),
         "generate/invalid_action_rate": sum(ep.invalid_actions for ep in episodes) / max(turns, 1),
         "generate/tokens_per_s": tokens / max(generate_s, 1e-9),
+        # every prompt is prefilled in full each turn: prompt + generated tokens is the work done
+        "generate/total_tokens_per_s": (tokens + sum(len(t.prompt_ids) for ep in episodes for t in ep.turns))
+        / max(generate_s, 1e-9),
         "generate/episodes_per_min": 60 * len(episodes) / max(generate_s, 1e-9),
     }
     for reason in ("stop", "truncated", "length"):
@@ -35,4 +38,5 @@ def rollout_metrics(episodes: list[Episode], advantages: list[np.ndarray], gener
 
 def eval_metrics(report) -> dict:
     return {"eval/all/avg_score": report.solve_rate, "eval/all/oracle_ceiling": report.oracle_ceiling,
+            "eval/all/env_ceiling": report.env_ceiling,
             "eval/all/mean_turns": report.mean_turns, "eval/all/invalid_action_rate": report.invalid_action_rate}

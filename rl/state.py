@@ -1,5 +1,7 @@
 """What one training step changes, owned in one place: the step reached, the adapter the engines
-hold and the data position. The driver's loop is its only writer; a checkpoint is its snapshot."""
+hold and the data position. Two things write it: a finished step (driver.grpo_step marks the step
+and adapter; the sampler moves as it hands out batches) and a restore from a checkpoint
+(placement.fleet.Fleet.restore), whose snapshot it is."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -20,7 +20,8 @@ def summary_line(history: list[dict]) -> str:
             f"final {100 * last:.1f}% (step {last_step})")
 
 
-def plot_learning_curve(history: list[dict], out_path: str, oracle_ceiling: float | None = None) -> str:
+def plot_learning_curve(history: list[dict], out_path: str, oracle_ceiling: float | None = None,
+                        env_ceiling: float | None = None) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -34,7 +35,10 @@ def plot_learning_curve(history: list[dict], out_path: str, oracle_ceiling: floa
         ax.plot(*zip(*points), "o-", color="tab:green", label="eval solve rate (greedy)")
         ax.axhline(points[0][1], color="grey", ls="--", lw=1, label=f"base model {100 * points[0][1]:.1f}%")
     if oracle_ceiling is not None:
-        ax.axhline(oracle_ceiling, color="black", ls=":", lw=1, label=f"oracle ceiling {100 * oracle_ceiling:.1f}%")
+        ax.axhline(oracle_ceiling, color="black", ls=":", lw=1, label=f"oracle ceiling, eval set {100 * oracle_ceiling:.1f}%")
+    if env_ceiling is not None and env_ceiling != oracle_ceiling:
+        ax.axhline(env_ceiling, color="tab:red", ls=":", lw=1,
+                   label=f"oracle ceiling, unfiltered mazes {100 * env_ceiling:.1f}%")
     ax.set_xlabel("step")
     ax.set_ylabel("rate")
     ax.set_ylim(-0.02, 1.05)

@@ -58,3 +58,13 @@ def test_malformed_rows_are_reported_with_their_line(tmp_path):
         assert "eval.jsonl:1" in str(e)
     else:
         raise AssertionError("a malformed row was accepted")
+
+
+def test_env_ceiling_is_the_unfiltered_share_of_solvable_mazes():
+    """The eval set is filtered to solvable mazes (ceiling 100%); the env's own ceiling is not."""
+    from envs.dataset import env_ceiling, make_rows
+    rows, _ = make_rows("maze_2d/easy", 0, 300, 20, solvable_only=False)
+    assert env_ceiling("maze_2d/easy", 20, 300) == sum(r["optimal_moves"] <= 19 for r in rows) / 300
+    assert 0.85 < env_ceiling("maze_2d/easy", 20, 300) < 1.0  # some easy mazes need more than 19 moves
+    assert env_ceiling("maze_2d/hard", 15, 100) == 0.0  # no 11x11 maze fits in 15 turns (16 moves at least)
+    assert env_ceiling("maze_2d/hard", 49, 100) == 1.0  # 25 rooms: at most 48 moves and the stop

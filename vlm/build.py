@@ -67,13 +67,18 @@ def build_processor(tokenizer, arch: EmbeddedArch) -> ImageOnlyQwen3VLProcessor:
                                      chat_template=CHAT_TEMPLATE)
 
 
+def special_token_ids(tokenizer) -> dict:
+    """The Qwen3-VL config's ids of the picture markup, as this tokenizer numbers them."""
+    return {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in (
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+
+
 def build_config(tokenizer, arch: EmbeddedArch) -> Qwen3VLConfig:
     head_dim = arch.text_hidden // arch.text_heads
     half = head_dim // 2  # rotary pairs, split over (time, height, width) as Qwen3-VL does
     mrope = [half - 2 * (half // 3), half // 3, half // 3]
-    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in (
-        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    ids = special_token_ids(tokenizer)
     return Qwen3VLConfig(
         text_config=dict(
             vocab_size=len(tokenizer), hidden_size=arch.text_hidden, intermediate_size=arch.text_intermediate,

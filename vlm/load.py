@@ -79,3 +79,8 @@ def resolve_device(device: str) -> str:
     if device != "auto":
         return device
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def peak_memory_gib() -> float:
+    """This process's peak GPU memory (the caching allocator's high-water mark); 0 without a GPU."""
+    return torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else 0.0

@@ -1,0 +1,146 @@
+"""The GPU path at the reference scale: random-weight Qwen3-VL models of the 2B and 8B shapes, built
+on the GPU, trained for a few steps by the real driver; one table of where the time and memory go.
+
+    python bench/gpu_scale.py --shapes 2b 8b --steps 3 [--out runs/gpu_scale] [key=value ...]
+
+Each shape is built straight on the GPU from its config (bf16, random weights: no download, no
+weights carried), saved with the project's tokenizer and a Qwen3-VL processor with patch 16 and
+merge 2 (so `environment.cell_px=32` gives 81 picture tokens), then `python driver.py` runs the
+workload the issue measured: LoRA r32 on all linear layers, 8 prompts x 8 samples, 5 turns, 16 new
+tokens, KL on, old log-probs recomputed by the policy (so the engine-vs-trainer gap is measured).
+Random weights earn no reward: these runs measure time and memory, not learning.
+
+Columns (means over the steps after the first, which warms up): phase seconds from timing/*,
+generated and prompt+generated tokens a second, train MFU = 4 x params x trained tokens /
+train seconds / 989 TFLOP/s (the H200's dense bf16 peak; 4, not 6: the frozen base gets no weight
+gradient), each GPU actor's peak memory, and the engine-vs-trainer log-prob gap (mean |d| and k3).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PEAK_FLOPS = 989e12
+SHAPES = {  # Qwen3-VL-2B / -8B (text, vision), as their configs give them
+    "2b": ({"hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+            "intermediate_size": 6144, "tie_word_embeddings": True},
+           {"depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16, "out_hidden_size": 2048,
+            "deepstack_visual_indexes": [5, 11, 17]}),
+    "8b": ({"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "intermediate_size": 12288, "tie_word_embeddings": False},
+           {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "out_hidden_size": 4096,
+            "deepstack_visual_indexes": [8, 16, 24]}),
+}
+
+
+def build(shape: str, out: Path) -> int:
+    """Save a random bf16 model of `shape` to `out`; returns its parameter count."""
+    import torch
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from vlm.build import special_token_ids
+    from vlm.chat import CHAT_TEMPLATE
+    from vlm.processor import ImageOnlyQwen3VLProcessor, load_processor
+
+    tokenizer = load_processor(str(ROOT / "assets" / "maze-vl-base")).tokenizer
+    text, vision = SHAPES[shape]
+    tie = text.pop("tie_word_embeddings")
+    config = Qwen3VLConfig(
+        text_config=dict(vocab_size=151936, head_dim=128, max_position_embeddings=32768,
+                         rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0,
+                                          "mrope_section": [24, 20, 20], "mrope_interleaved": True},
+                         tie_word_embeddings=tie, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+                         eos_token_id=tokenizer.eos_token_id, **text),
+        vision_config=dict(patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                           **vision),
+        tie_word_embeddings=tie, **special_token_ids(tokenizer))
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):  # built where it runs: no host copy of 16 GB of random numbers
+        model = Qwen3VLForConditionalGeneration(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out)
+    image_processor = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
+                                               min_pixels=32 * 32, max_pixels=1024 * 1024)
+    ImageOnlyQwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                              chat_template=CHAT_TEMPLATE).save_pretrained(out)
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    torch.cuda.empty_cache()
+    return n
+
+
+def workload(model: Path, run: Path, steps: int) -> list[str]:
+    return [f"trainer.policy.model.path={model}", f"trainer.run_dir={run}", f"trainer.ckpt_path={run}/ckpts",
+            f"trainer.export_path={run}/exports", f"data.dataset_dir={run}/data", "trainer.device=cuda",
+            "trainer.resume_mode=none", "trainer.epochs=1", f"data.train_size={8 * steps}", "trainer.train_batch_size=8",
+            "trainer.policy_mini_batch_size=8", "generator.n_samples_per_prompt=8", "generator.max_turns=5",
+            "data.solvable_only=false", "generator.sampling_params.max_generate_length=16",
+            "generator.eval_sampling_params.max_generate_length=16", "environment.cell_px=32",
+            "trainer.policy.model.lora.rank=32", "trainer.policy.model.lora.alpha=32",
+            "trainer.policy.model.lora.target_modules=all-linear", "trainer.algorithm.use_kl_loss=true",
+            "trainer.algorithm.use_rollout_logprobs=false", "trainer.algorithm.filter_zero_advantage_groups=false",
+            "trainer.eval_before_train=false", "trainer.eval_interval=1000", "trainer.hf_save_interval=1000",
+            f"trainer.ckpt_interval={steps}", "trainer.placement.cpus_per_bundle=8",
+            "trainer.micro_forward_batch_size_per_gpu=16", "trainer.micro_train_batch_size_per_gpu=16"]
+
+
+def summarize(shape: str, params: int, history: list[dict]) -> list[str]:
+    steady = [h for h in history if h["step"] > 1] or history
+
+    def mean(key):
+        vals = [h[key] for h in steady if key in h]
+        return sum(vals) / len(vals) if vals else 0.0
+    train_s, tokens = mean("timing/train"), mean("train/tokens")
+    mfu = 4 * params * tokens / max(train_s, 1e-9) / PEAK_FLOPS
+    phases = ["step", "wake", "generate", "sleep", "ref", "train", "sync", "ckpt"]
+    timing = ", ".join(f"{p} {mean('timing/' + p):.1f}" for p in phases)
+    other = mean("timing/step") - sum(mean("timing/" + p) for p in phases[1:])
+    memory = {k.split("/")[1].replace("_peak_gib", ""): max(h.get(k, 0) for h in history)
+              for k in history[-1] if k.startswith("memory/")}
+    return [f"| {shape} ({params / 1e9:.2f}B) | {timing}, other {other:.1f} s | "
+            f"{mean('generate/tokens_per_s'):.0f} / {mean('generate/total_tokens_per_s'):.0f} | "
+            f"{100 * mfu:.1f}% ({tokens:.0f} tokens) | "
+            + ", ".join(f"{k} {v:.1f}" for k, v in sorted(memory.items()))
+            + f" (sum {sum(memory.values()):.1f}) | {mean('policy/rollout_logprob_diff'):.2e} / "
+              f"{mean('policy/rollout_k3'):.2e} |"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=["2b", "8b"], choices=sorted(SHAPES))
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", default="runs/gpu_scale")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    rows = []
+    for shape in args.shapes:
+        model, run = out / f"model-{shape}", out / f"run-{shape}"
+        started = time.time()
+        params = build(shape, model)
+        print(f"built {shape}: {params / 1e9:.2f}B parameters in {time.time() - started:.0f}s", flush=True)
+        code = subprocess.call([sys.executable, "driver.py", *workload(model, run, args.steps), *args.overrides],
+                               cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        if code != 0 or not history:
+            raise SystemExit(f"the {shape} run failed (exit {code})")
+        rows += summarize(shape, params, history)
+        subprocess.call(["rm", "-rf", str(model)])  # 16 GB at 8B: the next shape needs the disk
+    print("| shape | seconds a step (mean after step 1) | generated / prompt+generated tok/s | train MFU "
+          "(4 x N x tokens / 989 TFLOP/s) | peak GPU memory by actor, GiB | engine-vs-trainer log-prob gap "
+          "(mean abs / k3) |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

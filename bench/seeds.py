@@ -1,0 +1,95 @@
+"""Several seeds of one config, one command: each seed is a real `python driver.py` run in its own
+run folder; then a table per seed and mean +- std (base, best and final eval solve rate, wall
+time) and seeds.png with one eval curve a seed.
+
+    python bench/seeds.py --seeds 0 1 2 [--parallel 1] [--name default] [--config FILE] [key=value ...]
+
+Sequential by default (the 2-core CPU has room for one run); `--parallel K` runs K at once where a
+GPU has room. Each seed writes runs/seeds/<name>/seed_<S>/ (metrics.jsonl, eval/, ...); running
+the command again resumes each seed from its last checkpoint (a finished seed stops at once), and
+the wall time adds up its invocations.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_seed(seed: int, folder: Path, config: str | None, overrides: list[str]) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    args = ([f"--config={config}"] if config else []) + list(overrides) + [
+        f"trainer.seed={seed}", f"trainer.run_dir={folder}", f"trainer.ckpt_path={folder}/ckpts",
+        f"trainer.export_path={folder}/exports", f"data.dataset_dir={folder}/data"]
+    started = time.time()
+    with open(folder / "driver.log", "a") as log:
+        code = subprocess.call([sys.executable, "driver.py", *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
+    with open(folder / "wall_s.txt", "a") as f:  # a resumed seed adds up its invocations
+        f.write(f"{time.time() - started:.1f}\n")
+    wall = sum(float(x) for x in (folder / "wall_s.txt").read_text().split())
+    history = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [(h["step"], h["eval/all/avg_score"]) for h in history if "eval/all/avg_score" in h]
+    if code != 0 or not evals:
+        raise SystemExit(f"seed {seed} failed (exit {code}); see {folder / 'driver.log'}")
+    best = max(evals, key=lambda p: (p[1], -p[0]))
+    step_s = sum(h.get("timing/step", 0.0) for h in history)
+    return {"seed": seed, "base": evals[0][1], "best": best[1], "best_step": best[0], "final": evals[-1][1],
+            "final_step": evals[-1][0], "curve": evals, "wall_s": wall, "step_s": step_s}
+
+
+def plot(results: list[dict], out: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for r in results:
+        ax.plot(*zip(*r["curve"]), "o-", ms=3, label=f"seed {r['seed']}: final {100 * r['final']:.1f}%")
+    ax.axhline(0.9, color="grey", ls=":", lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("eval solve rate (greedy)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--name", default="default", help="runs/seeds/<name>/")
+    ap.add_argument("--config")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    base = ROOT / "runs" / "seeds" / args.name
+    with ThreadPoolExecutor(args.parallel) as pool:
+        results = list(pool.map(lambda s: run_seed(s, base / f"seed_{s}", args.config, args.overrides), args.seeds))
+    print(f"| seed | base | best (step) | final (step) | wall |   ({args.name}: {' '.join(args.overrides) or 'as configured'})")
+    print("|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['seed']} | {100 * r['base']:.1f}% | {100 * r['best']:.1f}% ({r['best_step']}) | "
+              f"{100 * r['final']:.1f}% ({r['final_step']}) | {r['wall_s'] / 60:.1f} min |")
+    cols = {k: np.array([r[k] for r in results]) for k in ("base", "best", "final", "wall_s")}
+    print(f"| mean +- std | {100 * cols['base'].mean():.1f} +- {100 * cols['base'].std():.1f}% | "
+          f"{100 * cols['best'].mean():.1f} +- {100 * cols['best'].std():.1f}% | "
+          f"{100 * cols['final'].mean():.1f} +- {100 * cols['final'].std():.1f}% | "
+          f"{cols['wall_s'].mean() / 60:.1f} +- {cols['wall_s'].std() / 60:.1f} min |")
+    plot(results, base / "seeds.png", f"{args.name}: final {100 * cols['final'].mean():.1f} +- "
+                                      f"{100 * cols['final'].std():.1f}% over seeds {args.seeds}")
+    (base / "seeds.json").write_text(json.dumps(results, indent=2))
+    print(f"curves: {base / 'seeds.png'}")
+
+
+if __name__ == "__main__":
+    main()
