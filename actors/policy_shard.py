@@ -35,8 +35,10 @@ class FSDPPolicyShard:
         self.optim_cfg = {"lr": 1e-4, "adam_betas": [0.9, 0.999], "weight_decay": 0.0, "max_grad_norm": 1.0,
                           "num_warmup_steps": 0, "scheduler": "constant_with_warmup", **(optimizer or {})}
         self.total_steps, self.seed, self.cpu_offload, self.s3_cfg = total_steps, seed, cpu_offload, s3_cfg
-        # master weights stay fp32; on GPUs FSDP2 computes in bf16 (vlm.sharding.shard_model)
-        self.dtype, self.bf16_compute = torch.float32, dtype == "bfloat16"
+        # with bf16 (GPUs) the frozen base is held in bf16 and only the LoRA weights keep fp32 masters
+        # (PEFT creates them in fp32); FSDP2 computes in bf16 and reduces gradients in fp32
+        self.bf16_compute = dtype == "bfloat16"
+        self.dtype = torch.bfloat16 if self.bf16_compute else torch.float32
         if threads:
             torch.set_num_threads(threads)
         self.model = None
