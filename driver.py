@@ -220,7 +220,8 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
     elif t.eval_before_train and state.step == 0:
         log.log(0, evaluate_policy(run, fleet, state) | {"time": time.time()})
 
-    bar = tqdm(total=run.total_steps, initial=state.step, desc=f"GRPO {t.project_name}/{t.run_name}", unit="step")
+    bar = tqdm(total=run.total_steps, initial=state.step, desc=f"{t.algorithm.advantage_estimator} {t.project_name}/{t.run_name}",
+               unit="step")
     while state.step < run.total_steps:
         step, started = state.step + 1, time.perf_counter()
         try:

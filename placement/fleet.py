@@ -20,7 +20,7 @@ from pathlib import Path
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from actors.checkpointer import Checkpointer, CheckpointError, parse_step_path, resume_step
-from actors.handles import EngineClient, Sync, TrainingClient
+from actors.handles import EngineClient, Sync, TrainingClient, call_all
 from inference.requests import AdapterRef
 from placement.groups import PlacementError
 from placement.launch import launch, restart_checkpointer, teardown
@@ -77,7 +77,7 @@ class Fleet:
 
     def teardown(self) -> None:
         if self.actors is not None:
-            teardown(self.actors)
+            teardown(self.actors, self.cfg.ray.namespace)
             self.actors = None
 
     def check_alive(self) -> None:
@@ -89,7 +89,6 @@ class Fleet:
         """{memory/<actor>_peak_gib: the GPU memory high-water mark of each GPU actor} (empty on the CPU)."""
         if self.device != "cuda":
             return {}
-        from actors.handles import call_all
         named = {n: h for n, h in self.actors.all_handles().items() if n.startswith(("VLLM", "FSDP", "Ref"))}
         return {f"memory/{n}_peak_gib": v for n, v in zip(named, call_all(list(named.values()), "peak_memory_gib"))}
 

@@ -51,6 +51,7 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
     # Ray starts actors with OMP_NUM_THREADS=1; host-side work (preprocessing, sampling) wants the bundle's CPUs
     threads = max(1, int(t.placement.cpus_per_bundle))
     dtype = "bfloat16" if device == "cuda" else "float32"
+    policy, ref, engines, env_pool, checkpointer = [], [], [], None, None
     try:
         policy = [ray.remote(FSDPPolicyShard).options(**slot_options(groups, pool, i, slot, ns)).remote(
             model_path, rank=slot.rank, world_size=len(plan.slots("policy")), device=device,
@@ -79,6 +80,11 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
                 ray.get([s.setup.remote(addr, port) for s in shards])
         ray.get([e.status.remote() for e in engines] + [env_pool.size.remote()])
     except Exception:
+        # a half-started set must not keep its names, or the next attempt could not take them
+        named = {s.name: h for role, handles in (("policy", policy), ("ref", ref), ("engine", engines))
+                 for (_, _, s), h in zip(plan.slots(role), handles)}
+        named |= {n: h for n, h in (("EnvPool", env_pool), ("Checkpointer", checkpointer)) if h is not None}
+        release(named, ns)
         remove_groups(groups)
         raise
     return ActorSet(groups, env_pool, engines, policy, ref, checkpointer)
@@ -93,28 +99,32 @@ def start_checkpointer(cfg: Config):
         cfg.trainer.ckpt_path, cfg.s3, cfg.trainer.max_ckpts_to_keep)
 
 
-def restart_checkpointer(cfg: Config, old, timeout_s: float = 30.0):
-    """Kill a Checkpointer stuck on a store that stopped answering, and start a fresh one under the
-    same name once Ray has released it."""
-    import time
-
-    import ray
-    ray.kill(old)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor("Checkpointer", namespace=cfg.ray.namespace)
-        except ValueError:  # the name is free
-            break
-        time.sleep(0.1)
+def restart_checkpointer(cfg: Config, old):
+    """Kill a Checkpointer stuck on a store that stopped answering; start a fresh one under its name."""
+    release({"Checkpointer": old}, cfg.ray.namespace)
     return start_checkpointer(cfg)
 
 
-def teardown(actors: ActorSet) -> None:
+def release(named: dict, namespace: str, timeout_s: float = 30.0) -> None:
+    """Kill actors ({name: handle}) and wait until Ray has freed their names for new actors."""
+    import time
+
     import ray
-    for handle in actors.all_handles().values():
+    for handle in named.values():
         try:
             ray.kill(handle)
-        except Exception:
+        except Exception:  # already dead
             pass
+    deadline = time.monotonic() + timeout_s
+    for name in named:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name, namespace=namespace)
+            except ValueError:  # the name is free
+                break
+            time.sleep(0.1)
+
+
+def teardown(actors: ActorSet, namespace: str) -> None:
+    release(actors.all_handles(), namespace)
     remove_groups(actors.groups)
