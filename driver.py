@@ -102,14 +102,16 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
             with phases("sleep"):
                 fleet.engines.sleep()  # free the engines' memory while the shards work
 
-        # 5. reference log-probs for the KL term: they stay in the object store for the policy shards
+        # 5. reference log-probs for the KL term: each rank's share goes to the object store once, and
+        #    the ref shards' results stay there for the policy shards
         with phases("ref"):
-            ref_logprobs = fleet.trainer.reference_logprobs(items, temperature, t.micro_forward_batch_size_per_gpu)
+            shares = fleet.trainer.share(items)
+            ref_logprobs = fleet.trainer.reference_logprobs(shares, temperature, t.micro_forward_batch_size_per_gpu)
             fleet.trainer.wait(ref_logprobs)
 
         # 6. update: the LoRA on every policy shard (mini-batches, micro-batches, update epochs)
         with phases("train"):
-            result = fleet.trainer.train(items, a, temperature, t.micro_train_batch_size_per_gpu,
+            result = fleet.trainer.train(shares, a, temperature, t.micro_train_batch_size_per_gpu,
                                          t.update_epochs_per_batch, ref_logprobs)
         metrics |= {f"policy/{k}": v for k, v in result.items()}
 

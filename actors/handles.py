@@ -88,22 +88,29 @@ class TrainingClient:
     def __init__(self, policy: list, ref: list):
         self.policy, self.ref = policy, ref
 
-    def _shares(self, items: list, world_size: int) -> list:
+    def share(self, items: list) -> dict[int, list]:
+        """{world size: its ranks' shares} for the policy's and the ref's world sizes: the items are
+        split once per size and each share is put in the object store once, for whichever shards
+        (policy, ref or both) use that size."""
         from rl.batch import split_for_ranks
-        shares = split_for_ranks(items, world_size)
-        if self.policy and is_remote(self.policy[0]):
-            import ray
-            return [ray.put(s) for s in shares]
-        return shares
+        remote = bool(self.policy) and is_remote(self.policy[0])
+        out = {}
+        for n in {len(self.policy), len(self.ref)} - {0}:
+            shares = split_for_ranks(items, n)
+            if remote:
+                import ray
+                shares = [ray.put(s) for s in shares]
+            out[n] = shares
+        return out
 
-    def reference_logprobs(self, items: list, temperature: float, micro_batch: int) -> list:
-        """Start the ref shards on the items; returns their results as object refs (or dicts locally)."""
+    def reference_logprobs(self, shares: dict, temperature: float, micro_batch: int) -> list:
+        """Start the ref shards on their shares; their results stay object refs (dicts locally)."""
         if not self.ref:
             return []
-        shares = self._shares(items, len(self.ref))
+        mine = shares[len(self.ref)]
         if is_remote(self.ref[0]):
-            return [h.logprobs.remote(s, temperature, micro_batch) for h, s in zip(self.ref, shares)]
-        return [h.logprobs(s, temperature, micro_batch) for h, s in zip(self.ref, shares)]
+            return [h.logprobs.remote(s, temperature, micro_batch) for h, s in zip(self.ref, mine)]
+        return [h.logprobs(s, temperature, micro_batch) for h, s in zip(self.ref, mine)]
 
     def wait(self, refs: list) -> None:
         """Until the given results are ready (without fetching them to the driver)."""
@@ -111,12 +118,12 @@ class TrainingClient:
             import ray
             ray.wait(refs, num_returns=len(refs))
 
-    def train(self, items: list, algorithm, temperature: float, micro_batch: int, epochs: int,
+    def train(self, shares: dict, algorithm, temperature: float, micro_batch: int, epochs: int,
               ref_logprobs: list) -> dict:
-        """One update on every policy rank; each rank gets its share once and all ref results."""
-        shares = self._shares(items, len(self.policy))
+        """One update on every policy rank: its share and every ref shard's log-probs."""
+        mine = shares[len(self.policy)]
         results = call_all(self.policy, "train", [(s, algorithm, temperature, micro_batch, epochs, *ref_logprobs)
-                                                  for s in shares])
+                                                  for s in mine])
         return results[0]
 
     def save_adapter(self, folder: str) -> None:
