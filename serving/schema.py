@@ -20,11 +20,11 @@ from serving.errors import APIError
 
 ROLES = {"system", "user", "assistant"}
 IMAGE_MIME = {"image/png", "image/jpeg", "image/jpg", "image/gif", "image/webp"}
-# Request fields this server reads; OpenAI's others that change nothing here are accepted and
-# ignored; anything else is refused by name, so a typo never passes silently.
+# Request fields this server reads; OpenAI's bookkeeping fields are accepted and ignored; anything
+# else (a typo, or a feature such as logit_bias this server does not have) is refused by name.
 FIELDS = {"model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "n", "stop", "seed",
           "stream", "stream_options"}
-IGNORED = {"user", "metadata", "store", "logit_bias", "presence_penalty", "frequency_penalty", "response_format"}
+IGNORED = {"user", "metadata", "store"}
 MIN_TEMPERATURE = 0.01  # below it (but above 0, which is greedy) the sampler's probabilities overflow
 
 

@@ -198,6 +198,7 @@ HOSTILE = [
     ("seed negative", {"json": body_with(seed=-1)}, 400, "'seed'"),
     ("seed 2**64", {"json": body_with(seed=2 ** 64)}, 400, "'seed'"),
     ("unknown field", {"json": body_with(temprature=0.5)}, 400, "temprature"),
+    ("unsupported feature", {"json": body_with(logit_bias={"5": 100})}, 400, "logit_bias"),
     # streaming
     ("stream yes", {"json": body_with(stream="yes")}, 400, "'stream'"),
     ("stream options", {"json": body_with(stream=True, stream_options={"bogus": 1})}, 400, "stream_options"),
