@@ -231,6 +231,9 @@ class FSDPPolicyShard:
 
     def shutdown(self) -> None:
         if dist.is_initialized():
+            # A rank that tears gloo down while another is still in a collective aborts the process
+            # ("terminate called without an active exception"): all ranks arrive first.
+            dist.barrier()
             dist.destroy_process_group()
 
 
