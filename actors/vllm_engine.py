@@ -18,6 +18,18 @@ class StaleAdapterError(RuntimeError):
     pass
 
 
+def engine_settings(cfg) -> dict:
+    """VLLMEngine's keyword arguments from a run's config (settings.Config), beyond model and device."""
+    eng = cfg.generator.inference_engine
+    settings = {"backend": eng.backend, "s3_cfg": cfg.s3}
+    if eng.backend == "vllm":
+        settings |= {"tensor_parallel_size": eng.tensor_parallel_size, "seed": cfg.trainer.seed,
+                     "gpu_memory_utilization": eng.gpu_memory_utilization, "cpu_kv_cache_gib": eng.cpu_kv_cache_gib,
+                     "max_lora_rank": cfg.trainer.policy.model.lora.rank,
+                     "engine_init_kwargs": dict(eng.engine_init_kwargs)}
+    return settings
+
+
 class VLLMEngine:
     def __init__(self, model_path: str, backend: str = "hf", device: str = "cpu", rank: int = 0,
                  dtype: str = "float32", s3_cfg=None, threads: int | None = None, **vllm_kwargs):
@@ -27,7 +39,8 @@ class VLLMEngine:
         if backend == "vllm":
             from inference.vllm_backend import VLLMBackend
             from vlm.load import resolve_model_path
-            self.backend = VLLMBackend(resolve_model_path(model_path, s3_cfg), **vllm_kwargs)
+            self.backend = VLLMBackend(resolve_model_path(model_path, s3_cfg), dtype=dtype, cpu_threads=threads,
+                                       **vllm_kwargs)
         else:
             from inference.hf_backend import HFBackend
             from vlm.load import load_model

@@ -1,60 +1,130 @@
-"""vLLM backend (the `vllm` extra, GPU only), written against vLLM's documented offline API.
+"""vLLM backend: the `vllm` extra on GPU machines, vLLM's CPU build (`make vllm-setup`) elsewhere.
 
-Not runnable on the machines this project is tested on (vLLM's wheel pins its own torch and
-needs CUDA), so it is kept small and imported only when `generator.inference_engine.backend=vllm`.
-Prompts go in as token ids with their pictures; LoRA versions are loaded with a fresh
-LoRARequest id each sync, so vLLM can never serve a cached older adapter under the same id.
+It speaks the same token-in, token-out schema as the hf backend, so `RolloutRunner` and the
+trainer see no difference. Where vLLM's defaults would make it disagree with the hf backend and
+the trainer, it is told otherwise:
+- a prompt holds one `<|image_pad|>` per picture: vLLM expands each placeholder to the picture's
+  patch count itself, so the runs of pads our prompts carry are collapsed first;
+- every request has its own seed (seed + index): one `SamplingParams(seed=...)` for the batch
+  would give every request the same random stream, and a GRPO group identical samples;
+- log-probs are `processed_logprobs`, those of the distribution sampled from (temperature
+  applied), not vLLM's default raw ones;
+- markup the model must never emit (picture placeholders, a new message) ends an answer where it
+  appears, and is dropped. The hf backend bans it while sampling; vLLM's `bad_words` would do the
+  same but renormalises the reported log-probs away from the trainer's (by ~1e-3 on the embedded
+  base) and made greedy rollouts 4x slower here;
+- sleep/wake only where the platform has sleep mode (CUDA, ROCm, XPU); on the CPU they are no-ops;
+- on the CPU, the KV cache size and the cores to bind come from config (vLLM would otherwise take
+  45% of RAM and, on a small machine, one core), and chunked prefill is off: a seeded request
+  split over two prefill chunks needs a generator offset that the CPU generator lacks.
+Each adapter version gets a fresh LoRA id, so vLLM can never serve a cached older version.
 """
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 from inference.requests import GenRequest, GenResult, Sampling
+
+# A stray picture placeholder in an answer would re-enter the next prompt as a picture with no
+# picture behind it.
+NEVER_EMIT = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|im_start|>"]
+
+
+class AdapterRankError(ValueError):
+    pass
+
+
+def collapse_image_pads(ids: list[int], pad_id: int) -> list[int]:
+    """One placeholder per picture: each run of `pad_id` becomes a single `pad_id`."""
+    return [t for i, t in enumerate(ids) if t != pad_id or i == 0 or ids[i - 1] != pad_id]
+
+
+def cpu_bind(threads: int | None) -> tuple[str, str]:
+    """(VLLM_CPU_OMP_THREADS_BIND, OMP_NUM_THREADS) for `threads` of the cores this process may use."""
+    allowed = sorted(os.sched_getaffinity(0))
+    n = min(threads or len(allowed), len(allowed))
+    return ("nobind" if n == len(allowed) else ",".join(str(c) for c in allowed[:n])), str(n)
 
 
 class VLLMBackend:
     def __init__(self, model_path: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.45,
-                 max_lora_rank: int = 32, max_images: int = 16, engine_init_kwargs: dict | None = None):
+                 max_lora_rank: int = 32, max_images: int = 16, dtype: str = "auto", seed: int = 0,
+                 cpu_kv_cache_gib: float = 2.0, cpu_threads: int | None = None,
+                 engine_init_kwargs: dict | None = None):
         try:
             from vllm import LLM
+            from vllm.platforms import current_platform
         except ImportError as e:
-            raise ImportError("generator.inference_engine.backend=vllm needs the vllm extra: "
-                              "pip install 'visrl[vllm]' (GPU machines only)") from e
-        kwargs = {"enable_lora": True, "max_lora_rank": max_lora_rank, "enable_sleep_mode": True,
-                  "limit_mm_per_prompt": {"image": max_images}, **(engine_init_kwargs or {})}
+            raise ImportError("generator.inference_engine.backend=vllm needs vLLM: pip install 'visrl[vllm]' on a "
+                              "GPU machine, or `make vllm-setup` (vLLM's CPU build in .venv-vllm)") from e
+        self.on_cpu = current_platform.is_cpu()
+        self.can_sleep = current_platform.is_sleep_mode_available()
+        self.max_lora_rank = max_lora_rank
+        # enable_tower_connector_lora: without it vLLM drops an adapter's vision-tower layers with a
+        # warning, and an all-linear adapter (the reference config) answered 0/320 turns as hf did.
+        kwargs = {"enable_lora": True, "max_lora_rank": max_lora_rank, "max_loras": 1, "enable_tower_connector_lora": True,
+                  "enable_sleep_mode": self.can_sleep, "limit_mm_per_prompt": {"image": max_images},
+                  "logprobs_mode": "processed_logprobs", "dtype": dtype, "seed": seed}
+        if self.on_cpu:
+            # read by the engine processes vLLM starts; without them its worker drops to one thread
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"], os.environ["OMP_NUM_THREADS"] = cpu_bind(cpu_threads)
+            kwargs |= {"kv_cache_memory_bytes": int(cpu_kv_cache_gib * 2**30), "enable_chunked_prefill": False}
+        kwargs |= engine_init_kwargs or {}
         self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel_size,
                        gpu_memory_utilization=gpu_memory_utilization, **kwargs)
         self.tok = self.llm.get_tokenizer()
         self.end_id = self.tok.convert_tokens_to_ids("<|im_end|>")
+        self.image_pad_id = self.tok.convert_tokens_to_ids("<|image_pad|>")
+        self.never_emit = set(self.tok.convert_tokens_to_ids(NEVER_EMIT)) - {None, self.tok.unk_token_id}
         self.lora = None
 
     def generate(self, requests: list[GenRequest], sampling: Sampling, adapter_version: int) -> list[GenResult]:
         from PIL import Image
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=max(sampling.temperature, 0.0), top_p=sampling.top_p,
-                                max_tokens=sampling.max_new_tokens, logprobs=0, seed=sampling.seed,
-                                stop_token_ids=[self.end_id], stop=sampling.stop or None)
-        prompts = []
-        for r in requests:
+        greedy = sampling.temperature <= 0
+        params, prompts = [], []
+        for i, r in enumerate(requests):
             if r.messages is not None:
                 raise ValueError("the vllm backend takes token-id requests; chat goes through ray.serve.llm")
-            prompts.append({"prompt_token_ids": r.prompt_ids,
-                            "multi_modal_data": {"image": [Image.fromarray(i) for i in r.images]}})
+            params.append(SamplingParams(
+                temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
+                max_tokens=sampling.max_new_tokens, logprobs=0, stop_token_ids=[self.end_id],
+                stop=sampling.stop or None, skip_special_tokens=True,
+                seed=None if sampling.seed is None else sampling.seed + i))
+            prompt = {"prompt_token_ids": collapse_image_pads(r.prompt_ids, self.image_pad_id)}
+            if r.images:
+                prompt["multi_modal_data"] = {"image": [Image.fromarray(img) for img in r.images]}
+            prompts.append(prompt)
         outs = self.llm.generate(prompts, params, lora_request=self.lora, use_tqdm=False)
         results = []
         for r, o in zip(requests, outs):
             c = o.outputs[0]
-            lps = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
-            results.append(GenResult(list(c.token_ids), lps, c.text,
-                                     "stop" if c.finish_reason == "stop" else "length",
-                                     adapter_version, len(r.prompt_ids)))
+            toks = list(c.token_ids)
+            lps = [d[t].logprob for t, d in zip(toks, c.logprobs or [])]
+            finish, text = ("stop" if c.finish_reason == "stop" else "length"), c.text
+            cut = next((k for k, t in enumerate(toks) if t in self.never_emit), None)
+            if cut is not None:
+                toks, lps, finish = toks[:cut], lps[:cut], "length"
+                text = self.tok.decode(toks, skip_special_tokens=True)
+            results.append(GenResult(toks, lps, text, finish, adapter_version, len(r.prompt_ids)))
         return results
 
     def load_adapter(self, folder: str, version: int) -> None:
         from vllm.lora.request import LoRARequest
+        rank = json.loads((Path(folder) / "adapter_config.json").read_text())["r"]
+        if rank > self.max_lora_rank:
+            raise AdapterRankError(f"adapter {folder} has LoRA rank {rank}, above the engine's max_lora_rank "
+                                   f"{self.max_lora_rank}: raise trainer.policy.model.lora.rank's engine limit "
+                                   "or train a smaller adapter")
         self.lora = LoRARequest(f"policy-v{version}", version + 1, folder)  # ids must be > 0
 
     def sleep(self) -> None:
-        self.llm.sleep(level=1)
+        if self.can_sleep:
+            self.llm.sleep(level=1)
 
     def wake_up(self) -> None:
-        self.llm.wake_up()
+        if self.can_sleep:
+            self.llm.wake_up()

@@ -43,7 +43,7 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
     from actors.env_pool import EnvPool
     from actors.policy_shard import FSDPPolicyShard
     from actors.ref_shard import RefShard
-    from actors.vllm_engine import VLLMEngine
+    from actors.vllm_engine import VLLMEngine, engine_settings
 
     groups = create_groups(plan, cfg.trainer.placement.timeout_s)
     device = "cuda" if plan.use_gpu else "cpu"
@@ -62,15 +62,9 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
             model_path, rank=slot.rank, world_size=len(plan.slots("ref")), device=device,
             cpu_offload=t.ref.fsdp_config.cpu_offload, s3_cfg=cfg.s3, threads=threads, dtype=dtype)
             for pool, i, slot in plan.slots("ref")]
-        engine_kwargs = {}
-        if g.inference_engine.backend == "vllm":
-            engine_kwargs = {"tensor_parallel_size": g.inference_engine.tensor_parallel_size,
-                             "gpu_memory_utilization": g.inference_engine.gpu_memory_utilization,
-                             "max_lora_rank": t.policy.model.lora.rank,
-                             "engine_init_kwargs": dict(g.inference_engine.engine_init_kwargs)}
         engines = [ray.remote(VLLMEngine).options(**slot_options(groups, pool, i, slot, ns)).remote(
-            model_path, backend=g.inference_engine.backend, device=device, rank=slot.rank, dtype=dtype,
-            s3_cfg=cfg.s3, threads=threads, **engine_kwargs) for pool, i, slot in plan.slots("engine")]
+            model_path, device=device, rank=slot.rank, dtype=dtype, threads=threads, **engine_settings(cfg))
+            for pool, i, slot in plan.slots("engine")]
         env_pool = ray.remote(EnvPool).options(name="EnvPool", namespace=ns, num_cpus=0).remote(
             cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)
         checkpointer = start_checkpointer(cfg)

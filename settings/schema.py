@@ -120,6 +120,7 @@ class InferenceEngineConfig:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.45
     enable_sleep: bool = True  # visrl: engines free memory while shards train (colocate_all)
+    cpu_kv_cache_gib: float = 2.0  # visrl: vLLM's KV cache on a CPU machine (VLLM_CPU_KVCACHE_SPACE)
     engine_init_kwargs: Dict[str, Any] = field(default_factory=dict)
 
 

@@ -20,7 +20,11 @@ def has_torchvision() -> bool:
 
 
 class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
-    """Qwen3VLProcessor without the video processor (images and text only)."""
+    """Qwen3VLProcessor without the video processor (images and text only).
+
+    Saved, it also writes a video processor config of the same patch geometry. visrl never reads
+    it; vLLM builds the stock Qwen3VLProcessor for this architecture, which insists on one.
+    """
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
         self.image_token = getattr(tokenizer, "image_token", "<|image_pad|>")
@@ -32,6 +36,15 @@ class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
         self.vision_start_token_id = tokenizer.convert_tokens_to_ids(self.vision_start_token)
         self.vision_end_token_id = tokenizer.convert_tokens_to_ids(self.vision_end_token)
         ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
+
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        image = self.image_processor
+        video = {"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": image.patch_size,
+                 "merge_size": image.merge_size, "temporal_patch_size": image.temporal_patch_size}
+        (Path(save_directory) / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
+        return out
 
 
 def load_processor(path: str):
