@@ -8,7 +8,7 @@
 under `dynamic_lora_loading_path`. Adapters are downloaded on first use, kept resident up to
 `max_loras` (least recently used evicted, reloaded on demand), and concurrent requests are batched
 per adapter. Binds 127.0.0.1 unless Serve's http_options say otherwise. With backend=vllm the same
-settings drive ray.serve.llm (GPU, the vllm extra).
+settings drive ray.serve.llm: the vllm extra on GPUs, vLLM's CPU build (.venv-vllm) elsewhere.
 """
 
 import asyncio
@@ -18,6 +18,7 @@ import re
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -223,16 +224,39 @@ class MultiLoraServer:
 
 
 def build_vllm_app(s: ServeSettings):
-    """The same settings on ray.serve.llm (vLLM, GPU). Note: it accepts only cloud adapter paths."""
+    """The same settings on ray.serve.llm: vLLM's engine behind Ray's OpenAI app.
+
+    ray.serve.llm downloads adapters itself and reads only cloud paths (s3://, gs://), so
+    `dynamic_lora_loading_path` must be one; `s3_endpoint_url` reaches an S3-compatible store. On a
+    machine without a GPU it runs vLLM's CPU build: a CPU placement bundle of `num_cpus`, the KV
+    cache and threads set as the rollout engine sets them, fp32 as the hf server computes there.
+    """
     from ray.serve.llm import LLMConfig, build_openai_app
+
+    from inference.vllm_backend import cpu_env, engine_kwargs
+    from vlm.load import resolve_device
+
+    if not str(s.dynamic_lora_loading_path).startswith(("s3://", "gs://")):
+        raise ValueError(f"backend=vllm serves adapters through ray.serve.llm, which reads only s3:// or gs:// "
+                         f"paths; dynamic_lora_loading_path={s.dynamic_lora_loading_path!r} is not one: upload "
+                         "the adapters (e.g. trainer.export_path=s3://...) or use backend=hf")
+    on_cpu = resolve_device(s.device) == "cpu"
+    base = s.base_model if "://" in s.base_model else str(Path(s.base_model).resolve())
+    env = {"AWS_ENDPOINT_URL": s.s3_endpoint_url} if s.s3_endpoint_url else {}
+    options = {}
+    if on_cpu:
+        env |= cpu_env(int(s.num_cpus))
+        options = {"accelerator_config": {"kind": "cpu"}, "placement_group_config": {"bundles": [{"CPU": s.num_cpus}]}}
     config = LLMConfig(
-        model_loading_config={"model_id": s.base_id, "model_source": s.base_model},
-        lora_config={"dynamic_lora_loading_path": s.dynamic_lora_loading_path,
+        model_loading_config={"model_id": s.base_id, "model_source": base},
+        lora_config={"dynamic_lora_loading_path": s.dynamic_lora_loading_path.rstrip("/"),
                      "max_num_adapters_per_replica": s.max_loras},
-        engine_kwargs={"enable_lora": True, "max_lora_rank": s.max_lora_rank, "max_loras": s.max_loras,
-                       "max_model_len": s.max_model_len},
-        deployment_config=_deployment_options(s))
-    return build_openai_app({"llm_configs": [config]})
+        engine_kwargs={"max_model_len": s.max_model_len, "dtype": "float32" if on_cpu else "bfloat16",
+                       **engine_kwargs(on_cpu, s.max_lora_rank, s.max_loras)},
+        runtime_env={"env_vars": env}, deployment_config=_deployment_options(s), **options)
+    # the router lists adapters too, so it needs the store's endpoint as the engine's replica does
+    ingress = {"ray_actor_options": {"runtime_env": {"env_vars": env}}} if s.s3_endpoint_url else {}
+    return build_openai_app({"llm_configs": [config], "ingress_deployment_config": ingress})
 
 
 def _deployment_options(s: ServeSettings) -> dict:

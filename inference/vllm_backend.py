@@ -41,16 +41,30 @@ def collapse_image_pads(ids: list[int], pad_id: int) -> list[int]:
     return [t for i, t in enumerate(ids) if t != pad_id or i == 0 or ids[i - 1] != pad_id]
 
 
-def cpu_bind(threads: int | None) -> tuple[str, str]:
-    """(VLLM_CPU_OMP_THREADS_BIND, OMP_NUM_THREADS) for `threads` of the cores this process may use."""
+def cpu_env(threads: int | None) -> dict:
+    """The environment vLLM's CPU engine reads at start: bind `threads` of the cores this process may
+    use (all by default); without it the worker drops to one thread."""
     allowed = sorted(os.sched_getaffinity(0))
     n = min(threads or len(allowed), len(allowed))
-    return ("nobind" if n == len(allowed) else ",".join(str(c) for c in allowed[:n])), str(n)
+    bind = "nobind" if n == len(allowed) else ",".join(str(c) for c in allowed[:n])
+    return {"VLLM_CPU_OMP_THREADS_BIND": bind, "OMP_NUM_THREADS": str(n)}
+
+
+def engine_kwargs(on_cpu: bool, max_lora_rank: int, max_loras: int = 1, cpu_kv_cache_gib: float = 2.0,
+                  extra: dict | None = None) -> dict:
+    """vLLM engine arguments shared by the rollout engine and the ray.serve.llm app; `extra` wins."""
+    # enable_tower_connector_lora: without it vLLM drops an adapter's vision-tower layers with a
+    # warning, and an all-linear adapter (the reference config) answered 0/320 turns as hf did.
+    kwargs = {"enable_lora": True, "max_lora_rank": max_lora_rank, "max_loras": max_loras,
+              "enable_tower_connector_lora": True}
+    if on_cpu:
+        kwargs |= {"kv_cache_memory_bytes": int(cpu_kv_cache_gib * 2**30), "enable_chunked_prefill": False}
+    return kwargs | (extra or {})
 
 
 class VLLMBackend:
     def __init__(self, model_path: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.45,
-                 max_lora_rank: int = 32, max_images: int = 16, dtype: str = "auto", seed: int = 0,
+                 max_lora_rank: int = 32, max_images: int = 16, dtype: str = "bfloat16", seed: int = 0,
                  cpu_kv_cache_gib: float = 2.0, cpu_threads: int | None = None,
                  engine_init_kwargs: dict | None = None):
         try:
@@ -62,16 +76,11 @@ class VLLMBackend:
         self.on_cpu = current_platform.is_cpu()
         self.can_sleep = current_platform.is_sleep_mode_available()
         self.max_lora_rank = max_lora_rank
-        # enable_tower_connector_lora: without it vLLM drops an adapter's vision-tower layers with a
-        # warning, and an all-linear adapter (the reference config) answered 0/320 turns as hf did.
-        kwargs = {"enable_lora": True, "max_lora_rank": max_lora_rank, "max_loras": 1, "enable_tower_connector_lora": True,
-                  "enable_sleep_mode": self.can_sleep, "limit_mm_per_prompt": {"image": max_images},
-                  "logprobs_mode": "processed_logprobs", "dtype": dtype, "seed": seed}
         if self.on_cpu:
-            # read by the engine processes vLLM starts; without them its worker drops to one thread
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"], os.environ["OMP_NUM_THREADS"] = cpu_bind(cpu_threads)
-            kwargs |= {"kv_cache_memory_bytes": int(cpu_kv_cache_gib * 2**30), "enable_chunked_prefill": False}
-        kwargs |= engine_init_kwargs or {}
+            os.environ.update(cpu_env(cpu_threads))  # read by the engine processes vLLM starts
+        kwargs = {"dtype": dtype, "limit_mm_per_prompt": {"image": max_images}, "seed": seed,
+                  "logprobs_mode": "processed_logprobs", "enable_sleep_mode": self.can_sleep}
+        kwargs |= engine_kwargs(self.on_cpu, max_lora_rank, 1, cpu_kv_cache_gib, engine_init_kwargs)
         self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel_size,
                        gpu_memory_utilization=gpu_memory_utilization, **kwargs)
         self.tok = self.llm.get_tokenizer()

@@ -20,7 +20,7 @@ class ServeSettings:
     min_replicas: int = 0                        # with max_replicas > min_replicas: autoscaling
     max_replicas: int = 0
     prewarm: str = ""                            # comma-separated adapter names loaded at start
-    backend: str = "hf"                          # hf | vllm (ray.serve.llm, GPU)
+    backend: str = "hf"                          # hf | vllm (ray.serve.llm; CPU build in .venv-vllm)
     device: str = "auto"
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.01

@@ -1,0 +1,90 @@
+"""serve_app with backend=vllm: ray.serve.llm on vLLM's CPU build, adapters from a local S3 server
+(moto), driven with the official openai client beside the hf server of the same settings."""
+import pytest
+
+from serving.maze_client import messages_for, openai_chat, play
+from settings import load_config
+from tests.conftest import make_adapter
+from tests.test_serve import free_port
+from tests.vllm.test_vllm_engine import BASE
+
+BASE_ID = "maze-vl-base"
+
+
+@pytest.fixture(scope="module")
+def servers(s3_server, tmp_path_factory):
+    """Both apps in one Ray cluster: the hf server at /hf, ray.serve.llm at /vllm."""
+    import ray
+    from ray import serve
+
+    from serve_app import app
+    folder = tmp_path_factory.mktemp("adapters") / "alpha"
+    make_adapter(BASE, folder, seed=1, rank=8, scale=0.35)  # still answers in format, but otherwise
+    s3 = s3_server.client()
+    s3.create_bucket(Bucket="serve")
+    for f in folder.iterdir():
+        s3.upload_file(str(f), "serve", f"adapters/alpha/{f.name}")
+    port = free_port()
+    # ray.serve.llm's router, its server replica and the engine's CPU bundle each take logical CPUs:
+    # with 2 it waited forever to deploy on a 2-core machine
+    ray.init(namespace="visrl-vllm-serve-test", include_dashboard=False, num_cpus=8)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    common = {"base_model": BASE, "dynamic_lora_loading_path": "s3://serve/adapters", "s3_endpoint_url": s3_server.url,
+              "max_loras": "2", "max_lora_rank": "16", "num_cpus": "2"}
+    serve.run(app({**common, "cache_dir": str(tmp_path_factory.mktemp("cache"))}), name="hf", route_prefix="/hf")
+    serve.run(app({**common, "backend": "vllm"}), name="vllm", route_prefix="/vllm")
+    url = f"http://127.0.0.1:{port}"
+    yield {"hf": f"{url}/hf/v1", "vllm": f"{url}/vllm/v1"}
+    serve.shutdown()
+    ray.shutdown()
+
+
+def client(base_url):
+    from openai import OpenAI
+    return OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def cfg_and_rows(tmp_path_factory):
+    from rl.inputs import load_datasets
+    cfg = load_config(None, [f"data.dataset_dir={tmp_path_factory.mktemp('data')}", "data.eval_size=8",
+                             "data.train_size=8"])
+    return cfg, load_datasets(cfg)[1]
+
+
+def picture_question(model, cfg, row):
+    """An eval maze's first turn, as the agent sees it: the instruction and the picture."""
+    from envs.dataset import init_state
+    from envs.maze import MazeEnv
+    image, _ = MazeEnv(size=len(row["maze"]), cell_px=cfg.environment.cell_px, max_turns=5).reset(
+        options={"init_state": init_state(row)})
+    return {"model": model, "max_tokens": 8, "temperature": 0, "messages": messages_for([""], [], [image], 2, 1)}
+
+
+def test_models_and_picture_completions_on_base_and_adapter(servers, cfg_and_rows):
+    import openai
+    cfg, rows = cfg_and_rows
+    vllm = client(servers["vllm"])
+    assert BASE_ID in {m.id for m in vllm.models.list().data}
+    answers = {}
+    for model in (BASE_ID, f"{BASE_ID}:alpha"):
+        for name, url in servers.items():
+            replies = [client(url).chat.completions.create(**picture_question(model, cfg, row)) for row in rows]
+            assert all(r.usage.prompt_tokens > 50 for r in replies)  # the picture's tokens reached the model
+            answers[name, model] = [r.choices[0].message.content for r in replies]
+        assert answers["vllm", model] == answers["hf", model]
+    assert answers["vllm", BASE_ID] != answers["vllm", f"{BASE_ID}:alpha"]  # the adapter from S3 was applied
+    with pytest.raises(openai.APIStatusError) as e:
+        vllm.chat.completions.create(**picture_question(f"{BASE_ID}:no-such-adapter", cfg, rows[0]))
+    assert 400 <= e.value.status_code < 500
+
+
+def test_greedy_maze_episodes_equal_the_hf_server(servers, cfg_and_rows):
+    cfg, rows = cfg_and_rows
+    g = cfg.generator
+    for model in (BASE_ID, f"{BASE_ID}:alpha"):
+        played = {name: [play(openai_chat(url), model, row, cfg.environment.cell_px, g.max_turns,
+                               g.context_window_turns, g.context_pictures) for row in rows]
+                  for name, url in servers.items()}
+        assert sum(len(p["answers"]) for p in played["hf"]) > 2 * len(rows)
+        assert played["vllm"] == played["hf"], model
