@@ -89,19 +89,19 @@ class FSDPPolicyShard:
         shards (Ray resolves them here, straight from the object store). The old policy is the
         engines' sampling log-probs with use_rollout_logprobs, else this policy before the update."""
         ref = {k: v for part in ref_logprobs for k, v in part.items()} or None
+        rollout = {it.key: it.seq.rollout_logprobs() for it in items}
+        # the engine-vs-trainer gap (bf16 kernels differ): over every token where the old policy is
+        # recomputed, else over the first mini-batch, whose passes all run before the first update
+        gap = dict.fromkeys(("abs_diff", "k3", "tokens"), 0.0)
         if algo.use_rollout_logprobs:
-            old = {it.key: it.seq.rollout_logprobs() for it in items}
-            gap = {}
+            old = rollout
         else:
             old = self.logprobs(items, temperature, micro_batch)
-            # how far the engine's sampling log-probs are from this trainer's (bf16 kernels differ)
-            d = [old[it.key].astype(np.float64) - it.seq.rollout_logprobs() for it in items]
-            gap = self._sum_across_ranks({"abs_diff": float(sum(np.abs(x).sum() for x in d)),
-                                          "k3": float(sum((np.exp(x) - x - 1).sum() for x in d)),
-                                          "tokens": float(sum(it.n_scored for it in items))})
+            for it in items:
+                add_gap(gap, old[it.key], rollout[it.key])
         minibatches = sorted({it.minibatch for it in items})
         n_mb = self._agree_max(len(minibatches))
-        sums = dict.fromkeys(("policy_loss", "policy_kl", "entropy", "clipped", "tokens", "approx_kl"), 0.0)
+        sums = dict.fromkeys(("policy_loss", "policy_kl", "entropy", "clipped", "tokens", "approx_kl", "tis_weight"), 0.0)
         grad_norms = []
         for _ in range(epochs):
             for m in range(n_mb):
@@ -113,7 +113,9 @@ class FSDPPolicyShard:
                     # ranks must run the same number of passes: a rank with no data left runs a
                     # pass that contributes nothing (scale 0)
                     chunk, scale = (micro[k], 1.0) if k < len(micro) else (items[:micro_batch], 0.0)
-                    for key, v in self._micro_step(chunk, scale, algo, temperature, old, ref).items():
+                    before_any_update = algo.use_rollout_logprobs and not grad_norms
+                    for key, v in self._micro_step(chunk, scale, algo, temperature, old, ref, rollout,
+                                                   gap if before_any_update else None).items():
                         sums[key] += v
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 norm = torch.nn.utils.clip_grad_norm_(params, self.optim_cfg["max_grad_norm"])
@@ -126,22 +128,26 @@ class FSDPPolicyShard:
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         sums = self._sum_across_ranks(sums)
+        gap = self._sum_across_ranks(gap)
         steps = max(len(grad_norms), 1)
         out = {"policy_loss": sums["policy_loss"] / steps, "policy_kl": sums["policy_kl"] / steps,
                "entropy": sums["entropy"] / steps, "clip_ratio": sums["clipped"] / max(sums["tokens"], 1),
                "approx_kl": sums["approx_kl"] / max(sums["tokens"], 1),
                "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
-               "lr": lr, "optimizer_steps": len(grad_norms)}
-        if gap:
-            out["rollout_logprob_diff"] = gap["abs_diff"] / max(gap["tokens"], 1)
-            out["rollout_k3"] = gap["k3"] / max(gap["tokens"], 1)
+               "lr": lr, "optimizer_steps": len(grad_norms),
+               "rollout_logprob_diff": gap["abs_diff"] / max(gap["tokens"], 1),
+               "rollout_k3": gap["k3"] / max(gap["tokens"], 1)}
+        if algo.use_tis:
+            out["tis_weight"] = sums["tis_weight"] / max(sums["tokens"], 1)
         return out
 
     def _micro_step(self, chunk, scale: float, algo: AlgorithmConfig, temperature: float, old: dict,
-                    ref: dict | None) -> dict:
+                    ref: dict | None, rollout: dict, gap: dict | None) -> dict:
         batch = collate([it.seq for it in chunk], self.processor, self.device, self.dtype)
         logp, logp_all = sampled_logprobs(self.model, batch, temperature, with_distribution=True)
         dev = logp.device
+        if gap is not None and scale:
+            add_gap(gap, logp.detach().float().cpu().numpy(), np.concatenate([rollout[it.key] for it in chunk]))
 
         def per_token(values):
             return torch.tensor(np.concatenate([np.full(it.n_scored, v, dtype=np.float32)
@@ -153,7 +159,8 @@ class FSDPPolicyShard:
         weights = per_token([it.token_weight for it in chunk]) * scale  # global: sums to 1 per mini-batch
         advantages = torch.tensor(np.concatenate([it.advantage for it in chunk]), device=dev)
         loss, stats = policy_loss(algo, logp, flat(old), advantages, weights,
-                                  ref_logp=flat(ref) if ref is not None else None, token_entropy=entropy(logp_all))
+                                  ref_logp=flat(ref) if ref is not None else None, token_entropy=entropy(logp_all),
+                                  rollout_logp=flat(rollout) if algo.use_tis else None)
         # FSDP averages gradients over ranks; the weights are global, so scale the average back up
         (loss * self.world_size).backward()
         return stats
@@ -235,6 +242,14 @@ class FSDPPolicyShard:
             # ("terminate called without an active exception"): all ranks arrive first.
             dist.barrier()
             dist.destroy_process_group()
+
+
+def add_gap(gap: dict, trainer_logp: np.ndarray, engine_logp: np.ndarray) -> None:
+    """Add one sequence's (or chunk's) engine-vs-trainer log-prob gap to the running sums."""
+    d = trainer_logp.astype(np.float64) - engine_logp
+    gap["abs_diff"] += float(np.abs(d).sum())
+    gap["k3"] += float((np.exp(d) - d - 1).sum())
+    gap["tokens"] += float(d.size)
 
 
 def lora_config(lora: dict):

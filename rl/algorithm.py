@@ -42,6 +42,8 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     filter_zero_advantage_groups: bool = False  # visrl: drop all-equal groups from the update
     use_rollout_logprobs: bool = False  # visrl: the engines' sampling log-probs as the old policy
+    use_tis: bool = False  # truncated importance sampling: recomputed old policy, corrected toward the engines'
+    tis_imp_ratio_cap: float = 2.0  # the cap C of the TIS weight min(pi_old / pi_engine, C)
     gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)  # visrl: with advantage_estimator=gigpo
 
 
@@ -184,12 +186,19 @@ def entropy(logp_all: torch.Tensor) -> torch.Tensor:
 # ---- the policy loss ----------------------------------------------------------------------------
 @_register(POLICY_LOSSES, "regular")
 def ppo_policy_loss(cfg: AlgorithmConfig, logp, old_logp, advantages, weights, ref_logp=None,
-                    token_entropy=None) -> tuple[torch.Tensor, dict]:
+                    token_entropy=None, rollout_logp=None) -> tuple[torch.Tensor, dict]:
     """PPO-clip + k-estimator KL to the reference (with use_kl_loss) - entropy bonus, as one
     weighted sum over the tokens given. `weights` are each token's share of its mini-batch's loss
-    (0 for tokens that must not count); returns the loss and per-token sums for the diagnostics."""
+    (0 for tokens that must not count); returns the loss and per-token sums for the diagnostics.
+
+    With use_tis, `old_logp` is the trainer's own recomputation and `rollout_logp` the engines':
+    the tokens were sampled from the engines' distribution, so each token's PPO term is weighted
+    by min(pi_old / pi_engine, tis_imp_ratio_cap) (truncated importance sampling, no gradient)."""
     pg, clipped, log_ratio = ppo_clip_loss(logp, old_logp, advantages, cfg.eps_clip_low, cfg.eps_clip_high)
-    pg_loss = (pg * weights).sum()
+    tis = torch.ones_like(pg)
+    if cfg.use_tis:
+        tis = torch.exp(old_logp - rollout_logp).clamp(max=cfg.tis_imp_ratio_cap).detach()
+    pg_loss = (pg * tis * weights).sum()
     loss = pg_loss
     kl = torch.zeros((), device=logp.device)
     if ref_logp is not None:
@@ -205,7 +214,8 @@ def ppo_policy_loss(cfg: AlgorithmConfig, logp, old_logp, advantages, weights, r
     with torch.no_grad():
         stats = {"policy_loss": float(pg_loss), "policy_kl": float(kl), "entropy": float(ent),
                  "clipped": float((clipped.float() * active).sum()), "tokens": float(active.sum()),
-                 "approx_kl": float(((torch.exp(log_ratio) - 1 - log_ratio) * active).sum())}
+                 "approx_kl": float(((torch.exp(log_ratio) - 1 - log_ratio) * active).sum()),
+                 "tis_weight": float((tis * active).sum())}
     return loss, stats
 
 

@@ -146,6 +146,13 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'trainer.eval_batch_size' must be >= 0 (0 = all mazes at once); got {t.eval_batch_size}")
     if t.ckpt_timeout_s <= 0:
         raise ConfigError(f"config key 'trainer.ckpt_timeout_s' must be > 0; got {t.ckpt_timeout_s}")
+    a = t.algorithm
+    if a.use_tis and a.use_rollout_logprobs:
+        raise ConfigError("trainer.algorithm.use_tis corrects the trainer's recomputed old log-probs toward the "
+                          "engines'; with use_rollout_logprobs=true the ratio is already taken against the engines' "
+                          "log-probs: set one of the two")
+    if a.use_tis and a.tis_imp_ratio_cap <= 0:
+        raise ConfigError(f"trainer.algorithm.tis_imp_ratio_cap must be > 0; got {a.tis_imp_ratio_cap}")
     if g.eval_sampling_params.temperature < 0:
         raise ConfigError("generator.eval_sampling_params.temperature must be >= 0 (0 = greedy)")
     if t.train_batch_size % t.policy_mini_batch_size:

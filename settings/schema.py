@@ -222,8 +222,6 @@ UNSUPPORTED: dict[str, str] = {
     "trainer.algorithm.lambd": "GAE is not implemented",
     "trainer.algorithm.gamma": "GAE is not implemented (GiGPO's discount is trainer.algorithm.gigpo.gamma)",
     "trainer.algorithm.clip_ratio_c": "dual-clip PPO is not implemented",
-    "trainer.algorithm.tis_imp_ratio_cap": "truncated importance sampling is not implemented",
-    "trainer.algorithm.use_tis": "truncated importance sampling is not implemented",
     "trainer.algorithm.normalize_reward": "rewards are the env's 0/1",
     "trainer.algorithm.dynamic_sampling": "use trainer.algorithm.filter_zero_advantage_groups",
     "trainer.gradient_checkpointing": "not implemented", "trainer.gradient_checkpointing_use_reentrant": "not implemented",

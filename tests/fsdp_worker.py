@@ -5,6 +5,8 @@ import pickle
 from rl.algorithm import AlgorithmConfig
 
 ALGORITHM = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, use_rollout_logprobs=True)
+# the trainer recomputes the old policy and corrects toward the engines' log-probs
+TIS = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, use_tis=True, tis_imp_ratio_cap=1.5)
 
 
 def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=1):
@@ -26,7 +28,7 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
     shard = _shard(rank, world_size, port, model_dir, seed=0)
     mine = split_for_ranks(batch["items"], world_size)[rank]
     before = shard.logprobs(mine, 1.0, micro_batch=2)
-    metrics = shard.train(mine, ALGORITHM, 1.0, 2, 1, batch["ref"])
+    metrics = shard.train(mine, batch.get("algorithm", ALGORITHM), 1.0, 2, 1, batch["ref"])
     shard.save_adapter(os.path.join(out_dir, "adapter"))
     state = shard.state_dict()
     if rank == 0:

@@ -159,6 +159,24 @@ def test_policy_loss_hand_computed():
     assert float(zero) == 0.0  # tokens of weight 0 (a padding pass) contribute nothing
 
 
+def test_truncated_importance_sampling_hand_computed():
+    """use_tis: each token's PPO term weighted by min(pi_old / pi_engine, cap), with no gradient."""
+    old = torch.tensor([-1.0, -1.0, -2.0])
+    engine = torch.tensor([-1.5, -0.2, -2.0])  # the engine found token 0 less likely, token 1 more
+    adv, weights = torch.tensor([1.0, 1.0, -1.0]), torch.tensor([0.5, 0.25, 0.25])
+    for cap, w0 in ((2.0, math.exp(0.5)), (1.5, 1.5)):
+        cfg = AlgorithmConfig(use_kl_loss=False, use_tis=True, tis_imp_ratio_cap=cap)
+        logp = old.clone().requires_grad_(True)  # ratio 1: the surrogate is -A
+        loss, stats = policy_loss(cfg, logp, old, adv, weights, rollout_logp=engine)
+        tis = torch.tensor([w0, math.exp(-0.8), 1.0])
+        assert abs(float(loss) - float((-adv * tis * weights).sum())) < 1e-6
+        loss.backward()
+        torch.testing.assert_close(logp.grad, -adv * tis * weights)  # d(-A r)/d logp = -A r, r = 1
+        assert abs(stats["tis_weight"] - float(tis.sum())) < 1e-5
+    plain, _ = policy_loss(AlgorithmConfig(use_kl_loss=False), old, old, adv, weights, rollout_logp=engine)
+    assert abs(float(plain) - float((-adv * weights).sum())) < 1e-6  # without use_tis the engine is not consulted
+
+
 def test_registries_are_the_valid_config_names():
     from settings import ConfigError, load_config
     from settings.schema import CHOICES

@@ -2,6 +2,7 @@
 import pickle
 
 import numpy as np
+import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
@@ -59,7 +60,8 @@ def test_two_shards_match_one(tiny_model_dir, tmp_path):
     one, lora_one = train_with(1, tiny_model_dir, tmp_path, batch)
     two, lora_two = train_with(2, tiny_model_dir, tmp_path, batch)
     assert one["optimizer_steps"] == two["optimizer_steps"] == 2  # two mini-batches of one prompt each
-    for key in ("policy_loss", "policy_kl", "grad_norm", "entropy"):
+    assert one["metrics"]["rollout_k3"] > 0  # the engine-vs-trainer gap is measured with rollout log-probs too
+    for key in ("policy_loss", "policy_kl", "grad_norm", "entropy", "rollout_logprob_diff", "rollout_k3"):
         assert abs(one["metrics"][key] - two["metrics"][key]) < 1e-4 * max(1, abs(one["metrics"][key])), key
     assert lora_one.keys() == lora_two.keys() and any("lora_B" in k for k in lora_one)
     moved = 0
@@ -69,14 +71,17 @@ def test_two_shards_match_one(tiny_model_dir, tmp_path):
     assert moved > 0
 
 
-def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path):
-    """Two FSDP2 shards give the LoRA update of one plain (unwrapped) PEFT model trained by hand."""
+@pytest.mark.parametrize("tis", [False, True])
+def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path, tis):
+    """Two FSDP2 shards give the LoRA update of one plain (unwrapped) PEFT model trained by hand:
+    with the engines' log-probs as the old policy, and with TIS over a recomputed old policy."""
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
-    from tests.fsdp_worker import ALGORITHM
+    from tests.fsdp_worker import ALGORITHM, TIS
     from vlm.forward import collate, sampled_logprobs
     from vlm.load import load_model
-    batch = make_items(tiny_model_dir)
+    algorithm = TIS if tis else ALGORITHM
+    batch = make_items(tiny_model_dir) | {"algorithm": algorithm}
     items = batch["items"]
     two, lora_two = train_with(2, tiny_model_dir, tmp_path, batch)
     torch.manual_seed(0)
@@ -86,6 +91,8 @@ def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path):
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0)
+    with torch.no_grad():  # the trainer's own old policy, before any update
+        before = {it.key: sampled_logprobs(model, collate([it.seq], processor, "cpu"))[0] for it in items}
     first_loss = None
     for m in (0, 1):
         chunk = [it for it in items if it.minibatch == m]
@@ -97,9 +104,10 @@ def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path):
 
         w = flat([it.token_weight for it in chunk])
         adv = torch.tensor(np.concatenate([it.advantage for it in chunk]))
-        old = torch.tensor(np.concatenate([it.seq.rollout_logprobs() for it in chunk]))
+        engine = torch.tensor(np.concatenate([it.seq.rollout_logprobs() for it in chunk]))
+        old = torch.cat([before[it.key] for it in chunk]) if tis else engine
         ref = torch.tensor(np.concatenate([batch["ref"][it.key] for it in chunk]))
-        loss, stats = policy_loss(ALGORITHM, logp, old, adv, w, ref_logp=ref)  # the function the shards call
+        loss, stats = policy_loss(algorithm, logp, old, adv, w, ref_logp=ref, rollout_logp=engine)  # as the shards
         first_loss = first_loss if first_loss is not None else stats["policy_loss"]
         opt.zero_grad()
         loss.backward()
@@ -110,6 +118,8 @@ def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path):
     for k in plain:
         torch.testing.assert_close(plain[k], lora_two[k], atol=5e-5, rtol=1e-4)
     assert np.isfinite(first_loss)
+    if tis:  # the fake engine log-probs (-1) are far from the model's: the weights are capped below 1.5
+        assert 0 < two["metrics"]["tis_weight"] < 1.5 and two["metrics"]["tis_weight"] != 1.0
 
 
 def test_a_checkpoint_from_one_shard_loads_into_two(tiny_model_dir, tmp_path):
