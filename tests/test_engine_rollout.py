@@ -11,6 +11,7 @@ from envs.prompt import INSTRUCTION
 from inference.requests import AdapterRef, GenRequest, Sampling
 from rl.rollout import RolloutRunner, Task
 from vlm.chat import ChatPrompter
+from vlm.forward import score_seqs
 from vlm.processor import load_processor
 
 GREEDY = Sampling(max_new_tokens=6, temperature=0.0)
@@ -92,7 +93,7 @@ def test_cut_picture_is_refused(engine, prompter):
 
 
 @pytest.mark.parametrize("window, pictures", [(0, 0), (1, 0), (2, 0), (3, 1)])
-def test_loss_mask_covers_exactly_the_models_turns(engine, prompter, window, pictures):
+def test_loss_mask_covers_exactly_the_models_turns(engine, prompter, tiny_model_dir, window, pictures):
     tok = prompter.tok
     runner = RolloutRunner(EngineClient([engine]).generate, EnvPool("maze_2d/easy", 16, 6), prompter, 6, 8192,
                            window, pictures)
@@ -119,6 +120,12 @@ def test_loss_mask_covers_exactly_the_models_turns(engine, prompter, window, pic
             assert all(x <= 0 for x in lp) and len(lp) == sum(s.loss_mask)
         for turn in ep.turns[:-1]:
             assert turn.feedback and turn.feedback not in tok.decode(turn.response_ids)
+    # the trainer's scoring of the same sequences (several answers a row, rows of several lengths in
+    # one pass) gives the log-probs the engine sampled with: the old policy and the gap rest on it
+    seqs = [s for ep in episodes for s in ep.sequences()]
+    scored = score_seqs(engine.backend.model, load_processor(tiny_model_dir), seqs, 3, "cpu", torch.float32, 1.0)
+    for s, logp in zip(seqs, scored):
+        np.testing.assert_allclose(logp, s.rollout_logprobs(), atol=1e-4)
 
 
 def test_length_limit_ends_the_episode_without_cutting_a_picture(engine, prompter):

@@ -59,10 +59,13 @@ def sampled_logprobs(model, batch: dict, temperature: float = 1.0, with_distribu
     """Log-probs (flat, masked-in positions) of the tokens in the batch under `model`; with
     `with_distribution`, also the full log-softmax rows of those positions (for the entropy)."""
     inputs = {k: v for k, v in batch.items() if k != "loss_mask"}
-    logits = model(**inputs, use_cache=False).logits
-    # position t predicts token t+1: score token t with the logits of position t-1
+    # position t predicts token t+1: token t is scored with the logits of position t-1
     target_mask = batch["loss_mask"][:, 1:].bool()
-    rows = logits[:, :-1][target_mask].float() / temperature
+    # the vocabulary projection only where some row scores a token (the answers): at 8B the full
+    # logits of a micro-batch are GBs, and most positions are prompt
+    keep = target_mask.any(0).nonzero().squeeze(-1)
+    logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
+    rows = logits[target_mask[:, keep]].float() / temperature
     targets = batch["input_ids"][:, 1:][target_mask]
     logp_all = torch.log_softmax(rows, -1)
     logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
