@@ -1,16 +1,42 @@
-"""Rollout throughput of the hf engine: episodes/s and generated tokens/s at N concurrent episodes.
+"""Rollout throughput of an engine: episodes/s and generated tokens/s at N concurrent episodes.
 
     python bench/rollout_throughput.py [--episodes 64 512] [--threads 2]
+    .venv-vllm/bin/python bench/rollout_throughput.py --backends hf vllm --adapter random --episodes 64
 
-Runs the real multi-turn rollout (EnvPool + VLLMEngine hf backend + RolloutRunner) in one process
-on the shipped base model with the default config's chat format and sampling.
+Runs the real multi-turn rollout (EnvPool + VLLMEngine + RolloutRunner) in one process on the
+shipped base model with the default config's chat format and sampling, for each backend, without
+and (with --adapter) with a LoRA adapter. `--adapter random` makes one of the default config's
+shape (rank 16 on the language layers): speed depends on the shape, not on the values. Each
+(backend, adapter) pair runs once unmeasured first, so start-up and first-call work are left out.
 """
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def random_adapter(cfg, out: str) -> str:
+    """A PEFT adapter of the run's LoRA shape with non-zero weights."""
+    from dataclasses import asdict
+
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    from actors.policy_shard import lora_config
+    torch.manual_seed(0)
+    config = lora_config(asdict(cfg.trainer.policy.model.lora))
+    config.init_lora_weights = False
+    model = get_peft_model(AutoModelForImageTextToText.from_pretrained(cfg.trainer.policy.model.path), config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(0.05)  # small: answers stay in format, so episodes last as long as the base's
+    model.save_pretrained(out)
+    return out
 
 
 def main():
@@ -18,9 +44,9 @@ def main():
 
     from actors.env_pool import EnvPool
     from actors.handles import EngineClient
-    from actors.vllm_engine import VLLMEngine
+    from actors.vllm_engine import VLLMEngine, engine_settings
     from envs.dataset import init_state
-    from inference.requests import Sampling
+    from inference.requests import AdapterRef, Sampling
     from rl.inputs import load_datasets, make_prompter
     from rl.rollout import RolloutRunner, Task
     from settings import load_config
@@ -30,30 +56,41 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, nargs="+", default=[64, 512])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backends", nargs="+", default=["hf"], choices=["hf", "vllm"])
+    ap.add_argument("--adapter", default="", help="an adapter folder, or 'random' (the default config's shape)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_config(None, args.overrides + ["trainer.run_dir=runs/bench", "data.dataset_dir=runs/bench/data"])
     g = cfg.generator
     train_rows, _ = load_datasets(cfg)
-    engine = VLLMEngine(cfg.trainer.policy.model.path)
+    adapter = random_adapter(cfg, tempfile.mkdtemp(prefix="bench-adapter-")) if args.adapter == "random" else args.adapter
     prompter = make_prompter(load_processor(resolve_model_path(cfg.trainer.policy.model.path)), cfg)
     env = EnvPool(cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)
-    runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate, prompter, env)
     sampling = Sampling(max_new_tokens=g.sampling_params.max_generate_length, temperature=g.sampling_params.temperature,
                         seed=1)
-    print("| concurrent episodes | wall s | episodes/s | generated tokens/s | turns/episode | solved |")
-    print("|---|---|---|---|---|---|")
-    for n in args.episodes:
-        tasks = [Task(f"b{i}", i, init_state(train_rows[i % len(train_rows)])) for i in range(n)]
-        start = time.perf_counter()
-        episodes = runner.run(tasks, sampling, 0)
-        wall = time.perf_counter() - start
-        tokens = sum(ep.generated_tokens for ep in episodes)
-        turns = sum(len(ep.turns) for ep in episodes) / n
-        solved = sum(ep.solved for ep in episodes) / n
-        print(f"| {n} | {wall:.1f} | {n / wall:.2f} | {tokens / wall:.0f} | {turns:.1f} | {100 * solved:.0f}% |",
-              flush=True)
+    print("| backend | adapter | concurrent episodes | wall s | episodes/s | generated tokens/s | turns/episode | solved |")
+    print("|---|---|---|---|---|---|---|---|")
+    for backend in args.backends:
+        cfg.generator.inference_engine.backend = backend
+        engine = VLLMEngine(cfg.trainer.policy.model.path, threads=args.threads, **engine_settings(cfg))
+        runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate, prompter, env)
+        for version, folder in [(0, None)] + ([(1, adapter)] if adapter else []):
+            if folder:
+                engine.load_adapter(AdapterRef(folder, version))
+            for k, n in enumerate([args.episodes[0]] + args.episodes):  # the first run warms up
+                tasks = [Task(f"b{i}", i, init_state(train_rows[i % len(train_rows)])) for i in range(n)]
+                start = time.perf_counter()
+                episodes = runner.run(tasks, sampling, version)
+                wall = time.perf_counter() - start
+                tokens = sum(ep.generated_tokens for ep in episodes)
+                turns = sum(len(ep.turns) for ep in episodes) / n
+                solved = sum(ep.solved for ep in episodes) / n
+                if k == 0:
+                    continue
+                print(f"| {backend} | {'yes' if folder else 'no'} | {n} | {wall:.1f} | {n / wall:.2f} | "
+                      f"{tokens / wall:.0f} | {turns:.1f} | {100 * solved:.0f}% |", flush=True)
+        del engine, runner
 
 
 if __name__ == "__main__":
