@@ -1,12 +1,14 @@
 """Serve app latency, adapter cold load from a local S3 server, and throughput under load.
 
     python bench/serve_bench.py [--requests 60] [--clients 32] [--adapters 4]
+    .venv-vllm/bin/python bench/serve_bench.py --backends hf vllm
 
 Starts Ray Serve on 127.0.0.1 with the shipped base model, makes 4 LoRA adapters (random
 weights, rank 16, the language layers: the shape a training run exports), puts them on a moto S3
 server, and measures over real HTTP with maze pictures: p50/p95 latency for the base and a warm
 adapter, the cold load of an adapter from S3, and throughput with 32 concurrent clients spread
-over 4 adapters (with the error count).
+over 4 adapters (with the error count). With --backends hf vllm, the same for the hf server and
+for ray.serve.llm on vLLM, one after the other in one Ray cluster.
 """
 import argparse
 import statistics
@@ -45,7 +47,6 @@ def main():
     import os
 
     import ray
-    import requests
     from ray import serve
 
     from envs.maze import MazeEnv
@@ -58,6 +59,8 @@ def main():
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--adapters", type=int, default=4)
     ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--backends", nargs="+", default=["hf"], choices=["hf", "vllm"],
+                    help="vllm: ray.serve.llm (run with .venv-vllm/bin/python)")
     args = ap.parse_args()
     for k, v in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"), ("AWS_DEFAULT_REGION", "us-east-1"),
                  ("RAY_AUTH_MODE", "disabled")):
@@ -79,24 +82,41 @@ def main():
         return {"model": model, "temperature": 0, "max_tokens": 8, "messages": [
             {"role": "user", "content": [{"type": "text", "text": ""}, {"type": "image_url", "image_url": {"url": url}}]}]}
 
-    ray.init(namespace="visrl-serve-bench", include_dashboard=False)
+    # ray.serve.llm's router, server replica and engine bundle need logical CPUs beyond the cores
+    ray.init(namespace="visrl-serve-bench", include_dashboard=False, num_cpus=max(8, os.cpu_count() or 1))
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    serve.run(app({"base_model": base, "dynamic_lora_loading_path": "s3://adapters/bench", "s3_endpoint_url": s3.url,
-                   "max_loras": str(args.adapters), "cache_dir": str(tmp / "cache")}),
-              name="bench", route_prefix="/", blocking=False)
-    root = f"http://127.0.0.1:{args.port}"
+    settings = {"base_model": base, "dynamic_lora_loading_path": "s3://adapters/bench", "s3_endpoint_url": s3.url,
+                "max_loras": str(args.adapters), "max_lora_rank": "16", "num_cpus": "2"}
+    base_id = "maze-vl-base"
+    rows = {}
+    for backend in args.backends:  # one app at a time, the other idle: they share the cores
+        serve.run(app({**settings, "backend": backend, **({"cache_dir": str(tmp / "cache")} if backend == "hf" else {})}),
+                  name=backend, route_prefix=f"/{backend}")
+        rows[backend] = measure(f"http://127.0.0.1:{args.port}/{backend}", base_id, names, body, args)
+        serve.delete(backend)
+    print("| measure | " + " | ".join(args.backends) + " |")
+    print("|---" * (len(args.backends) + 1) + "|")
+    for key in rows[args.backends[0]]:
+        print(f"| {key} | " + " | ".join(rows[b][key] for b in args.backends) + " |")
+    serve.shutdown()
+    ray.shutdown()
+    s3.stop()
+
+
+def measure(root: str, base_id: str, names: list[str], body, args) -> dict:
+    import requests
     session = requests.Session()
 
-    def call(model):
+    def call(model, s=session):
         start = time.perf_counter()
-        r = session.post(f"{root}/v1/chat/completions", json=body(model), timeout=300)
+        r = s.post(f"{root}/v1/chat/completions", json=body(model), timeout=300)
         return time.perf_counter() - start, r.status_code
 
-    base_id = "maze-vl-base"
     call(base_id)  # warm-up
     base_lat = [call(base_id)[0] for _ in range(args.requests)]
     cold_s, _ = call(f"{base_id}:{names[0]}")
-    stats = session.get(f"{root}/v1/adapters/stats", timeout=30).json()
+    stats = session.get(f"{root}/v1/adapters/stats", timeout=30)  # the hf server's own bookkeeping
+    server_load = stats.json()["load_seconds"][names[0]] if stats.ok else None
     warm_lat = [call(f"{base_id}:{names[0]}")[0] for _ in range(args.requests)]
     for n in names[1:]:
         call(f"{base_id}:{n}")  # resident before the load test
@@ -104,31 +124,25 @@ def main():
 
     def worker(model):
         with requests.Session() as s:
-            start = time.perf_counter()
-            r = s.post(f"{root}/v1/chat/completions", json=body(model), timeout=300)
-            return time.perf_counter() - start, r.status_code
+            return call(model, s)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(args.clients) as pool:
         results = list(pool.map(worker, models))
     wall = time.perf_counter() - start
-    errors = sum(code != 200 for _, code in results)
     load_lat = [t for t, _ in results]
-    print("| measure | value |")
-    print("|---|---|")
-    print(f"| base latency p50 / p95 (1 client, {args.requests} requests) | {1000 * statistics.median(base_lat):.0f} ms / "
-          f"{1000 * percentile(base_lat, 0.95):.0f} ms |")
-    print(f"| warm adapter latency p50 / p95 | {1000 * statistics.median(warm_lat):.0f} ms / "
-          f"{1000 * percentile(warm_lat, 0.95):.0f} ms |")
-    print(f"| adapter cold load from local S3 (download + apply, server side) | "
-          f"{1000 * stats['load_seconds'][names[0]]:.0f} ms |")
-    print(f"| first request on a cold adapter (client side) | {1000 * cold_s:.0f} ms |")
-    print(f"| throughput, {args.clients} clients over {len(names)} adapters, {len(models)} requests | "
-          f"{len(models) / wall:.1f} req/s, p50 {1000 * statistics.median(load_lat):.0f} ms, "
-          f"p95 {1000 * percentile(load_lat, 0.95):.0f} ms, errors {errors} |")
-    serve.shutdown()
-    ray.shutdown()
-    s3.stop()
+
+    def p50_p95(xs):
+        return f"{1000 * statistics.median(xs):.0f} ms / {1000 * percentile(xs, 0.95):.0f} ms"
+
+    return {f"base latency p50 / p95 (1 client, {args.requests} requests)": p50_p95(base_lat),
+            "warm adapter latency p50 / p95": p50_p95(warm_lat),
+            "adapter cold load from local S3 (download + apply, server side)":
+                f"{1000 * server_load:.0f} ms" if server_load is not None else "not reported",
+            "first request on a cold adapter (client side)": f"{1000 * cold_s:.0f} ms",
+            f"throughput, {args.clients} clients over {len(names)} adapters, {len(models)} requests":
+                f"{len(models) / wall:.1f} req/s, p50 {1000 * statistics.median(load_lat):.0f} ms, "
+                f"p95 {1000 * percentile(load_lat, 0.95):.0f} ms, errors {sum(code != 200 for _, code in results)}"}
 
 
 if __name__ == "__main__":
