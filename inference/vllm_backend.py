@@ -5,7 +5,7 @@ trainer see no difference. Where vLLM's defaults would make it disagree with the
 the trainer, it is told otherwise:
 - a prompt holds one `<|image_pad|>` per picture: vLLM expands each placeholder to the picture's
   patch count itself, so the runs of pads our prompts carry are collapsed first;
-- every request has its own seed (seed + index): one `SamplingParams(seed=...)` for the batch
+- every request has its own seed (`request_seed`): one `SamplingParams(seed=...)` for the batch
   would give every request the same random stream, and a GRPO group identical samples;
 - log-probs are `processed_logprobs`, those of the distribution sampled from (temperature
   applied), not vLLM's default raw ones;
@@ -39,6 +39,12 @@ class AdapterRankError(ValueError):
 def collapse_image_pads(ids: list[int], pad_id: int) -> list[int]:
     """One placeholder per picture: each run of `pad_id` becomes a single `pad_id`."""
     return [t for i, t in enumerate(ids) if t != pad_id or i == 0 or ids[i - 1] != pad_id]
+
+
+def request_seed(batch_seed: int, index: int) -> int:
+    """A seed per request: spread so that nearby batch seeds (the rollout seeds each turn with
+    seed * 131 + turn) never hand two requests the same random stream."""
+    return (batch_seed * 1_000_003 + index) % 2**63
 
 
 def cpu_env(threads: int | None) -> dict:
@@ -102,7 +108,7 @@ class VLLMBackend:
                 temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
                 max_tokens=sampling.max_new_tokens, logprobs=0, stop_token_ids=[self.end_id],
                 stop=sampling.stop or None, skip_special_tokens=True,
-                seed=None if sampling.seed is None else sampling.seed + i))
+                seed=None if sampling.seed is None else request_seed(sampling.seed, i)))
             prompt = {"prompt_token_ids": collapse_image_pads(r.prompt_ids, self.image_pad_id)}
             if r.images:
                 prompt["multi_modal_data"] = {"image": [Image.fromarray(img) for img in r.images]}
