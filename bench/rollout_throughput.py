@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def random_adapter(cfg, out: str) -> str:
+def random_adapter(cfg, out: str, seed: int = 0) -> str:
     """A PEFT adapter of the run's LoRA shape with non-zero weights."""
     from dataclasses import asdict
 
@@ -27,7 +27,7 @@ def random_adapter(cfg, out: str) -> str:
     from transformers import AutoModelForImageTextToText
 
     from actors.policy_shard import lora_config
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = lora_config(asdict(cfg.trainer.policy.model.lora))
     config.init_lora_weights = False
     model = get_peft_model(AutoModelForImageTextToText.from_pretrained(cfg.trainer.policy.model.path), config)

@@ -23,19 +23,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def make_adapters(base: str, out: Path, n: int) -> list[str]:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForImageTextToText
-    names = []
-    for i in range(n):
-        torch.manual_seed(i)
-        model = AutoModelForImageTextToText.from_pretrained(base)
-        peft = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, init_lora_weights=False,
-                                                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                                "up_proj", "down_proj"]))
-        peft.save_pretrained(out / f"adapter{i}")
-        names.append(f"adapter{i}")
-    return names
+    """n random adapters of the default config's shape (rank 16 on the language layers)."""
+    from bench.rollout_throughput import random_adapter
+    from settings import load_config
+    cfg = load_config(None, [f"trainer.policy.model.path={base}"])
+    return [Path(random_adapter(cfg, str(out / f"adapter{i}"), seed=i)).name for i in range(n)]
 
 
 def percentile(xs, q):
