@@ -13,13 +13,17 @@ Random weights earn no reward: these runs measure time and memory, not learning.
 Columns (means over the steps after the first, which warms up): phase seconds from timing/*,
 generated and prompt+generated tokens a second, train MFU = 4 x params x trained tokens /
 train seconds / 989 TFLOP/s (the H200's dense bf16 peak; 4, not 6: the frozen base gets no weight
-gradient), each GPU actor's peak memory, and the engine-vs-trainer log-prob gap (mean |d| and k3).
+gradient), each GPU actor's peak memory (torch's max allocated, per process: their sum overstates
+what is held at once when an engine sleeps), the device's peak as nvidia-smi sees it (every
+process, CUDA contexts and allocator caches included, sampled twice a second), and the
+engine-vs-trainer log-prob gap (mean |d| and k3).
 """
 import argparse
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,7 +97,29 @@ def workload(model: Path, run: Path, steps: int) -> list[str]:
             "trainer.micro_forward_batch_size_per_gpu=16", "trainer.micro_train_batch_size_per_gpu=16"]
 
 
-def summarize(shape: str, params: int, history: list[dict]) -> list[str]:
+class DeviceMemory:
+    """The largest memory.used nvidia-smi reports for each GPU while the block runs, in GiB."""
+
+    def __enter__(self):
+        self.peak, self.done = {}, threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def _poll(self):
+        while not self.done.wait(0.5):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True).stdout
+            for line in out.strip().splitlines():
+                gpu, mib = (int(x) for x in line.split(","))
+                self.peak[gpu] = max(self.peak.get(gpu, 0.0), mib / 1024)
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+
+def summarize(shape: str, params: int, history: list[dict], device_peak: dict) -> list[str]:
     steady = [h for h in history if h["step"] > 1] or history
 
     def mean(key):
@@ -110,7 +136,9 @@ def summarize(shape: str, params: int, history: list[dict]) -> list[str]:
             f"{mean('generate/tokens_per_s'):.0f} / {mean('generate/total_tokens_per_s'):.0f} | "
             f"{100 * mfu:.1f}% ({tokens:.0f} tokens) | "
             + ", ".join(f"{k} {v:.1f}" for k, v in sorted(memory.items()))
-            + f" (sum {sum(memory.values()):.1f}) | {mean('policy/rollout_logprob_diff'):.2e} / "
+            + f" (sum {sum(memory.values()):.1f}) | "
+            + ", ".join(f"GPU{g} {v:.1f}" for g, v in sorted(device_peak.items()))
+            + f" | {mean('policy/rollout_logprob_diff'):.2e} / "
               f"{mean('policy/rollout_k3'):.2e} |"]
 
 
@@ -128,17 +156,18 @@ def main():
         started = time.time()
         params = build(shape, model)
         print(f"built {shape}: {params / 1e9:.2f}B parameters in {time.time() - started:.0f}s", flush=True)
-        code = subprocess.call([sys.executable, "driver.py", *workload(model, run, args.steps), *args.overrides],
-                               cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        with DeviceMemory() as device:
+            code = subprocess.call([sys.executable, "driver.py", *workload(model, run, args.steps), *args.overrides],
+                                   cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
         history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
         if code != 0 or not history:
             raise SystemExit(f"the {shape} run failed (exit {code})")
-        rows += summarize(shape, params, history)
+        rows += summarize(shape, params, history, device.peak)
         subprocess.call(["rm", "-rf", str(model)])  # 16 GB at 8B: the next shape needs the disk
     print("| shape | seconds a step (mean after step 1) | generated / prompt+generated tok/s | train MFU "
-          "(4 x N x tokens / 989 TFLOP/s) | peak GPU memory by actor, GiB | engine-vs-trainer log-prob gap "
-          "(mean abs / k3) |")
-    print("|---|---|---|---|---|---|")
+          "(4 x N x tokens / 989 TFLOP/s) | peak GPU memory by actor, GiB | device peak (nvidia-smi), GiB | "
+          "engine-vs-trainer log-prob gap (mean abs / k3) |")
+    print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 

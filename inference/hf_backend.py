@@ -132,10 +132,24 @@ class HFBackend:
             raise ValueError(f"adapter {folder} has tensors this model lacks: {result.unexpected_keys[:3]}")
 
     def sleep(self) -> None:
-        if self.device != "cpu":
-            self.model.to("cpu")
-            torch.cuda.empty_cache()
+        """Move the weights into page-locked host buffers, made once and reused: a copy from pinned
+        memory runs at the bus's speed (about 1 s for an 8B model), `model.to("cpu")` at a fraction."""
+        if self.device == "cpu":
+            return
+        old, self._host = getattr(self, "_host", {}), {}  # names change once PEFT wraps the model
+        for name, p in self.model.named_parameters():
+            buf = old.get(name)
+            if buf is None or buf.shape != p.shape or buf.dtype != p.dtype:
+                buf = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
+            self._host[name] = buf.copy_(p.data, non_blocking=True)
+        torch.cuda.synchronize()
+        for name, p in self.model.named_parameters():
+            p.data = self._host[name]
+        torch.cuda.empty_cache()
 
     def wake_up(self) -> None:
-        if self.device != "cpu":
-            self.model.to(self.device)
+        if self.device == "cpu":
+            return
+        for p in self.model.parameters():
+            p.data = p.data.to(self.device, non_blocking=True)
+        torch.cuda.synchronize()

@@ -57,7 +57,8 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
             model_path, rank=slot.rank, world_size=len(plan.slots("policy")), device=device,
             lora=asdict(t.policy.model.lora), optimizer=asdict(t.policy.optimizer_config),
             total_steps=total_steps, seed=t.seed, cpu_offload=t.policy.fsdp_config.cpu_offload,
-            s3_cfg=cfg.s3, threads=threads, dtype=dtype) for pool, i, slot in plan.slots("policy")]
+            s3_cfg=cfg.s3, threads=threads, dtype=dtype, gradient_checkpointing=t.gradient_checkpointing)
+            for pool, i, slot in plan.slots("policy")]
         ref = [ray.remote(RefShard).options(**slot_options(groups, pool, i, slot, ns)).remote(
             model_path, rank=slot.rank, world_size=len(plan.slots("ref")), device=device,
             cpu_offload=t.ref.fsdp_config.cpu_offload, s3_cfg=cfg.s3, threads=threads, dtype=dtype)

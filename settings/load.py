@@ -151,6 +151,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("trainer.algorithm.use_tis corrects the trainer's recomputed old log-probs toward the "
                           "engines'; with use_rollout_logprobs=true the ratio is already taken against the engines' "
                           "log-probs: set one of the two")
+    if t.gradient_checkpointing_use_reentrant:
+        raise ConfigError("trainer.gradient_checkpointing_use_reentrant=true is not supported: reentrant "
+                          "checkpointing loses the LoRA gradients when a block's input comes from the frozen base "
+                          "(nothing upstream needs a gradient); leave it false")
     if a.use_tis and a.tis_imp_ratio_cap <= 0:
         raise ConfigError(f"trainer.algorithm.tis_imp_ratio_cap must be > 0; got {a.tis_imp_ratio_cap}")
     if g.eval_sampling_params.temperature < 0:

@@ -72,6 +72,10 @@ class TrainerConfig:
     micro_forward_batch_size_per_gpu: int = 16
     micro_train_batch_size_per_gpu: int = 16
     update_epochs_per_batch: int = 1
+    # recompute each block's activations in the backward pass instead of holding them: far less
+    # memory for a little more compute, so micro-batches can grow (SkyRL's key; non-reentrant only)
+    gradient_checkpointing: bool = False
+    gradient_checkpointing_use_reentrant: bool = False
     max_prompt_length: int = 2048  # the first turn's prompt (instruction + picture) must fit
     eval_batch_size: int = 0  # eval mazes run at once; 0 = all of them
     strategy: str = "fsdp2"  # fsdp | fsdp2 (both run FSDP2's fully_shard; FSDP1 is not supported)
@@ -224,7 +228,6 @@ UNSUPPORTED: dict[str, str] = {
     "trainer.algorithm.clip_ratio_c": "dual-clip PPO is not implemented",
     "trainer.algorithm.normalize_reward": "rewards are the env's 0/1",
     "trainer.algorithm.dynamic_sampling": "use trainer.algorithm.filter_zero_advantage_groups",
-    "trainer.gradient_checkpointing": "not implemented", "trainer.gradient_checkpointing_use_reentrant": "not implemented",
     "trainer.bf16": "the dtype follows the device (bf16 on cuda, fp32 on cpu)",
     "trainer.critic_mini_batch_size": "there is no critic", "trainer.update_ref_every_epoch": "not implemented",
     "trainer.use_sample_packing": "sequences are padded, not packed",

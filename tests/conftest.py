@@ -26,6 +26,28 @@ def tiny_model_dir(tmp_path_factory):
     return str(out)
 
 
+@pytest.fixture(scope="session")
+def prompter(tiny_model_dir):
+    """The chat prompter of the tiny model (81 picture tokens a maze)."""
+    from envs.prompt import INSTRUCTION
+    from vlm.chat import ChatPrompter
+    from vlm.processor import load_processor
+    return ChatPrompter(load_processor(tiny_model_dir).tokenizer, 81, INSTRUCTION)
+
+
+@pytest.fixture(scope="session")
+def adapter_dir(tiny_model_dir, tmp_path_factory):
+    """A random (non-zero) all-linear LoRA of the tiny model, in PEFT's layout."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+    torch.manual_seed(1)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    out = tmp_path_factory.mktemp("adapter")
+    peft.save_pretrained(out)
+    return str(out)
+
+
 class S3Server:
     """A real S3-compatible server (moto's) in a child process, on a free local port."""
 

@@ -9,13 +9,13 @@ ALGORITHM = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, use_rollout_logp
 TIS = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, use_tis=True, tis_imp_ratio_cap=1.5)
 
 
-def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=1):
+def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=1, gradient_checkpointing=False):
     import torch
     torch.set_num_threads(1)
     from actors.policy_shard import FSDPPolicyShard
     shard = FSDPPolicyShard(model_dir, rank=rank, world_size=world_size, device="cpu",
                             lora={"rank": 4, "alpha": 8}, optimizer=optimizer or {"lr": 1e-2}, seed=seed,
-                            total_steps=total_steps)
+                            total_steps=total_steps, gradient_checkpointing=gradient_checkpointing)
     shard.setup("127.0.0.1", port)
     return shard
 
@@ -25,16 +25,23 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
 
     with open(items_path, "rb") as f:
         batch = pickle.load(f)  # written by the test itself
-    shard = _shard(rank, world_size, port, model_dir, seed=0)
+    shard = _shard(rank, world_size, port, model_dir, seed=0,
+                   gradient_checkpointing=batch.get("gradient_checkpointing", False))
     mine = split_for_ranks(batch["items"], world_size)[rank]
     before = shard.logprobs(mine, 1.0, micro_batch=2)
+    # forward calls of one decoder layer's first norm during train: checkpointing runs each block again in
+    # backward (transformers checkpoints the layer's forward, so the layer's own hooks fire once)
+    layer = next(m for m in shard.model.modules() if type(m).__name__.endswith("DecoderLayer"))
+    calls = []
+    hook = layer.input_layernorm.register_forward_hook(lambda *_: calls.append(1))
     metrics = shard.train(mine, batch.get("algorithm", ALGORITHM), 1.0, 2, 1, batch["ref"])
+    hook.remove()
     shard.save_adapter(os.path.join(out_dir, "adapter"))
     state = shard.state_dict()
     if rank == 0:
         with open(os.path.join(out_dir, "result.pkl"), "wb") as f:
             pickle.dump({"metrics": metrics, "before": before, "optimizer_steps": state["optimizer_steps"],
-                         "state": state}, f)
+                         "state": state, "layer_calls": len(calls)}, f)
     shard.shutdown()
 
 

@@ -10,7 +10,6 @@ from envs.maze import MazeEnv
 from envs.prompt import INSTRUCTION
 from inference.requests import AdapterRef, GenRequest, Sampling
 from rl.rollout import RolloutRunner, Task
-from vlm.chat import ChatPrompter
 from vlm.forward import score_seqs
 from vlm.processor import load_processor
 
@@ -20,23 +19,6 @@ GREEDY = Sampling(max_new_tokens=6, temperature=0.0)
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
     return VLLMEngine(tiny_model_dir, backend="hf", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def prompter(tiny_model_dir):
-    return ChatPrompter(load_processor(tiny_model_dir).tokenizer, 81, INSTRUCTION)
-
-
-@pytest.fixture(scope="module")
-def adapter_dir(tiny_model_dir, tmp_path_factory):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForImageTextToText
-    torch.manual_seed(1)
-    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
-    out = tmp_path_factory.mktemp("adapter")
-    peft.save_pretrained(out)
-    return str(out)
 
 
 def requests_for(prompter, seeds, feedbacks):

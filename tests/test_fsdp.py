@@ -145,6 +145,20 @@ def test_a_checkpoint_from_one_shard_loads_into_two(tiny_model_dir, tmp_path):
             assert torch.equal(again["optimizer"]["state"][name][k], v), (name, k)
 
 
+def test_gradient_checkpointing_recomputes_blocks_and_trains_the_same(tiny_model_dir, tmp_path):
+    """trainer.gradient_checkpointing: each decoder layer runs again in the backward pass (its
+    activations were not kept), and the update is the one without checkpointing."""
+    batch = make_items(tiny_model_dir)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "ckpt").mkdir()
+    plain, lora_plain = train_with(1, tiny_model_dir, tmp_path / "plain", batch)
+    checkpointed, lora_ckpt = train_with(1, tiny_model_dir, tmp_path / "ckpt", batch | {"gradient_checkpointing": True})
+    assert checkpointed["layer_calls"] == 2 * plain["layer_calls"] > 0
+    for key, value in lora_plain.items():
+        torch.testing.assert_close(lora_ckpt[key], value, rtol=1e-5, atol=1e-6)
+    assert any((v != 0).any() for k, v in lora_ckpt.items() if "lora_B" in k)  # the update did happen
+
+
 def test_lr_schedule_runs_over_training_steps(tiny_model_dir, tmp_path):
     """Cosine over total_steps training batches, however many optimizer steps each batch takes."""
     from tests.fsdp_worker import schedule_rank
