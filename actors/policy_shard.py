@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from rl.algorithm import AlgorithmConfig, entropy, policy_loss
 from vlm.forward import agree_max, collate, sampled_logprobs, score_seqs
-from vlm.sharding import init_distributed, shard_model
+from vlm.load import release_cached_memory
+from vlm.sharding import init_distributed, shard_model, staging_device
 
 
 class FSDPPolicyShard:
@@ -57,7 +58,8 @@ class FSDPPolicyShard:
 
         init_distributed(self.rank, self.world_size, master_addr, master_port, self.device)
         torch.manual_seed(self.seed)
-        base, self.processor = load_model(self.model_path, self.device, self.dtype, self.s3_cfg)
+        base, self.processor = load_model(self.model_path, staging_device(self.device, self.cpu_offload), self.dtype,
+                                         self.s3_cfg)
         for p in base.parameters():
             p.requires_grad_(False)
         if self.gradient_checkpointing:  # only while training: the no-grad scoring passes keep nothing
@@ -93,22 +95,29 @@ class FSDPPolicyShard:
         engines' sampling log-probs with use_rollout_logprobs, else this policy before the update."""
         ref = {k: v for part in ref_logprobs for k, v in part.items()} or None
         rollout = {it.key: it.seq.rollout_logprobs() for it in items}
+        minibatches = sorted({it.minibatch for it in items})
+        n_mb = self._agree_max(len(minibatches))
         # the engine-vs-trainer gap (bf16 kernels differ): over every token where the old policy is
         # recomputed, else over the first mini-batch, whose passes all run before the first update
         gap = dict.fromkeys(("abs_diff", "k3", "tokens"), 0.0)
         if algo.use_rollout_logprobs:
             old = rollout
         else:
-            old = self.logprobs(items, temperature, micro_batch)
-            for it in items:
+            # The first mini-batch's training forward runs before any update, so its log-probs are
+            # the old policy's: only later mini-batches need a pass of their own, made now.
+            later = [it for it in items if it.minibatch != minibatches[0]]
+            old = {}
+            if n_mb > 1:  # every rank joins the pass; one with nothing later scores a throwaway item
+                scored = self.logprobs(later or items[:1], temperature, micro_batch)
+                old = {it.key: scored[it.key] for it in later}
+            for it in later:
                 add_gap(gap, old[it.key], rollout[it.key])
-        minibatches = sorted({it.minibatch for it in items})
-        n_mb = self._agree_max(len(minibatches))
         sums = dict.fromkeys(("policy_loss", "policy_kl", "entropy", "clipped", "tokens", "approx_kl", "tis_weight"), 0.0)
         grad_norms = []
         for _ in range(epochs):
             for m in range(n_mb):
                 mine = [it for it in items if m < len(minibatches) and it.minibatch == minibatches[m]]
+                mine.sort(key=lambda it: len(it.seq.input_ids))  # alike lengths share a micro-batch: less padding
                 micro = [mine[i:i + micro_batch] for i in range(0, len(mine), micro_batch)]
                 n_micro = self._agree_max(len(micro))
                 self.optimizer.zero_grad(set_to_none=True)
@@ -116,9 +125,8 @@ class FSDPPolicyShard:
                     # ranks must run the same number of passes: a rank with no data left runs a
                     # pass that contributes nothing (scale 0)
                     chunk, scale = (micro[k], 1.0) if k < len(micro) else (items[:micro_batch], 0.0)
-                    before_any_update = algo.use_rollout_logprobs and not grad_norms
                     for key, v in self._micro_step(chunk, scale, algo, temperature, old, ref, rollout,
-                                                   gap if before_any_update else None).items():
+                                                   gap if not grad_norms else None).items():
                         sums[key] += v
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 norm = torch.nn.utils.clip_grad_norm_(params, self.optim_cfg["max_grad_norm"])
@@ -130,6 +138,7 @@ class FSDPPolicyShard:
         # never calls train, so it does not advance the schedule
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
+        release_cached_memory(self.device)
         sums = self._sum_across_ranks(sums)
         gap = self._sum_across_ranks(gap)
         steps = max(len(grad_norms), 1)
@@ -149,6 +158,12 @@ class FSDPPolicyShard:
         batch = collate([it.seq for it in chunk], self.processor, self.device, self.dtype)
         logp, logp_all = sampled_logprobs(self.model, batch, temperature, with_distribution=True)
         dev = logp.device
+        if scale and any(it.key not in old for it in chunk):
+            # an item's first pass before any update: this forward is the old policy (and later
+            # epochs reuse what it gave)
+            for it, piece in zip(chunk, np.split(logp.detach().float().cpu().numpy(),
+                                                 np.cumsum([it.n_scored for it in chunk])[:-1])):
+                old.setdefault(it.key, piece)
         if gap is not None and scale:
             add_gap(gap, logp.detach().float().cpu().numpy(), np.concatenate([rollout[it.key] for it in chunk]))
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from vlm.forward import score_seqs
-from vlm.sharding import init_distributed, shard_model
+from vlm.sharding import init_distributed, shard_model, staging_device
 
 
 class RefShard:
@@ -27,15 +27,18 @@ class RefShard:
     def setup(self, master_addr: str = "127.0.0.1", master_port: int = 29501) -> None:
         from vlm.load import load_model
         init_distributed(self.rank, self.world_size, master_addr, master_port, self.device)
-        self.model, self.processor = load_model(self.model_path, self.device, self.dtype, self.s3_cfg)
+        self.model, self.processor = load_model(self.model_path, staging_device(self.device, self.cpu_offload), self.dtype,
+                                                self.s3_cfg)
         for p in self.model.parameters():
             p.requires_grad_(False)
         shard_model(self.model, self.device, self.cpu_offload)
 
     def logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> dict[int, np.ndarray]:
         """{item key: the reference's log-probs of its sampled tokens}."""
+        from vlm.load import release_cached_memory
         scored = score_seqs(self.model, self.processor, [it.seq for it in items], micro_batch, self.device,
                             self.dtype, temperature, self.world_size)
+        release_cached_memory(self.device)
         return {it.key: lp for it, lp in zip(items, scored)}
 
     def peak_memory_gib(self) -> float:

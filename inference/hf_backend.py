@@ -136,15 +136,16 @@ class HFBackend:
         memory runs at the bus's speed (about 1 s for an 8B model), `model.to("cpu")` at a fraction."""
         if self.device == "cpu":
             return
-        old, self._host = getattr(self, "_host", {}), {}  # names change once PEFT wraps the model
-        for name, p in self.model.named_parameters():
-            buf = old.get(name)
+        # keyed by parameter, not name: PEFT renames the base weights when it wraps the model
+        old, self._host = getattr(self, "_host", {}), {}
+        for p in self.model.parameters():
+            buf = old.get(p)
             if buf is None or buf.shape != p.shape or buf.dtype != p.dtype:
                 buf = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
-            self._host[name] = buf.copy_(p.data, non_blocking=True)
+            self._host[p] = buf.copy_(p.data, non_blocking=True)
         torch.cuda.synchronize()
-        for name, p in self.model.named_parameters():
-            p.data = self._host[name]
+        for p, buf in self._host.items():
+            p.data = buf
         torch.cuda.empty_cache()
 
     def wake_up(self) -> None:

@@ -13,7 +13,7 @@ from rl.rollout import Episode, Turn
 from vlm.sharding import free_port
 
 
-def make_items(model_dir):
+def make_items(model_dir, prompts_per_minibatch=1):
     from actors.env_pool import EnvPool
     from envs.prompt import INSTRUCTION
     from vlm.chat import ChatPrompter
@@ -30,7 +30,7 @@ def make_items(model_dir):
         ep.turns.append(Turn(prompter.prompt([""], [], 1)[0], answer, [-1.0] * len(answer), [0], ""))
         episodes.append(ep)
     adv = compute_advantages(AlgorithmConfig(), episodes)
-    items = build_items(episodes, adv, prompts_per_minibatch=1, reduction="token_mean")
+    items = build_items(episodes, adv, prompts_per_minibatch=prompts_per_minibatch, reduction="token_mean")
     rng = np.random.default_rng(0)
     # a reference policy that differs a little, so the KL term has a gradient
     ref = {it.key: (it.seq.rollout_logprobs() + rng.normal(0, 0.1, it.n_scored)).astype(np.float32) for it in items}
@@ -120,6 +120,26 @@ def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path, tis):
     assert np.isfinite(first_loss)
     if tis:  # the fake engine log-probs (-1) are far from the model's: the weights are capped below 1.5
         assert 0 < two["metrics"]["tis_weight"] < 1.5 and two["metrics"]["tis_weight"] != 1.0
+
+
+def test_one_minibatch_takes_its_old_policy_from_the_training_forward(tiny_model_dir, tmp_path):
+    """With one mini-batch and a recomputed old policy (TIS), the training forward runs before any
+    update, so it is the old policy: no separate scoring pass. The update is still the one from a
+    scoring pass, and the engine-vs-trainer gap still covers every token."""
+    from tests.fsdp_worker import TIS
+    batch = make_items(tiny_model_dir, prompts_per_minibatch=2) | {"algorithm": TIS}
+    assert {it.minibatch for it in batch["items"]} == {0}
+    (tmp_path / "one").mkdir()
+    result, _ = train_with(1, tiny_model_dir, tmp_path / "one", batch)
+    micro_batches = -(-len(batch["items"]) // 2)  # the worker trains micro-batches of 2
+    assert result["layer_calls"] == micro_batches  # one forward each: no recompute pass over the batch
+    engine = np.concatenate([it.seq.rollout_logprobs() for it in batch["items"]])
+    before = np.concatenate([result["before"][it.key] for it in batch["items"]])
+    d = before.astype(np.float64) - engine
+    np.testing.assert_allclose(result["metrics"]["rollout_k3"], np.mean(np.exp(d) - d - 1), rtol=1e-4)
+    # ratio 1 on the first pass: the clip never fires, the TIS weights are min(pi_old/pi_engine, 1.5)
+    assert result["metrics"]["clip_ratio"] == 0.0
+    np.testing.assert_allclose(result["metrics"]["tis_weight"], np.mean(np.minimum(np.exp(d), 1.5)), rtol=1e-4)
 
 
 def test_a_checkpoint_from_one_shard_loads_into_two(tiny_model_dir, tmp_path):

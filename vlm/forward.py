@@ -85,12 +85,17 @@ def agree_max(n: int, world_size: int, device: str) -> int:
 @torch.no_grad()
 def score_seqs(model, processor, seqs: list[TrainSeq], micro_batch: int, device: str, dtype, temperature: float,
                world_size: int = 1) -> list[np.ndarray]:
-    """Per-sequence arrays of sampled-token log-probs, micro-batched, in step with the other ranks."""
-    chunks = [seqs[i:i + micro_batch] for i in range(0, len(seqs), micro_batch)]
-    out = []
+    """Per-sequence arrays of sampled-token log-probs, micro-batched, in step with the other ranks.
+    Micro-batches hold sequences of alike length (less padding); the result keeps the input order."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].input_ids))
+    chunks = [[seqs[i] for i in order[j:j + micro_batch]] for j in range(0, len(seqs), micro_batch)]
+    scored = []
     for k in range(agree_max(len(chunks), world_size, device)):
         chunk = chunks[k] if k < len(chunks) else seqs[:micro_batch]  # a pass whose result is dropped
         logp, _ = sampled_logprobs(model, collate(chunk, processor, device, dtype), temperature)
         if k < len(chunks):
-            out += np.split(logp.float().cpu().numpy(), np.cumsum([s.n_scored for s in chunk])[:-1])
+            scored += np.split(logp.float().cpu().numpy(), np.cumsum([s.n_scored for s in chunk])[:-1])
+    out = [None] * len(seqs)
+    for i, lp in zip(order, scored):
+        out[i] = lp
     return out

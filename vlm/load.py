@@ -84,3 +84,10 @@ def resolve_device(device: str) -> str:
 def peak_memory_gib() -> float:
     """This process's peak GPU memory (the caching allocator's high-water mark); 0 without a GPU."""
     return torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else 0.0
+
+
+def release_cached_memory(device: str) -> None:
+    """Hand the caching allocator's free blocks back to the GPU, so the colocated actor whose phase
+    comes next can use them (the allocator keeps a phase's activations otherwise)."""
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()

@@ -39,6 +39,12 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
                             world_size=world_size)
 
 
+def staging_device(device: str, cpu_offload: bool) -> str:
+    """Where to load a model before sharding: an offloaded one on the host, since fully_shard moves
+    one block at a time to the GPU and back, while a model loaded on the GPU lands there whole."""
+    return "cpu" if cpu_offload else device
+
+
 def shard_model(model, device: str, cpu_offload: bool = False, bf16_compute: bool = False):
     """Apply FSDP2 to each transformer block, then the whole model. With bf16_compute the
     parameters stay fp32 (the optimizer's master copy) and are cast to bf16 for compute, with
