@@ -24,6 +24,8 @@ class HFBackend:
         merge = getattr(processor.image_processor, "merge_size", 1)
         self.tokens_per_patch_group = merge * merge
         self.peft = None
+        self._base = None  # GPU only: the unmerged base weights, page-locked on the host
+        self.gpu_weights = "base"  # base | merged (the adapter added in) | host (asleep)
         # Markup the model must never emit: a stray <|image_pad|> in an answer would re-enter the
         # next prompt as a picture placeholder with no picture behind it.
         self.suppress = [i for i in self.tok.convert_tokens_to_ids(
@@ -76,6 +78,7 @@ class HFBackend:
         return out
 
     def _generate_chunk(self, requests, sampling: Sampling, adapter_version: int) -> list[GenResult]:
+        self._prepare_weights()
         width = max(len(r.prompt_ids) for r in requests)
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -113,6 +116,13 @@ class HFBackend:
         return results
 
     # ---- adapters and memory --------------------------------------------------------------
+    # On a GPU the adapter is merged into the weights (W + B A), so decoding runs the plain model:
+    # an unmerged PEFT adapter adds two small matmuls to every linear layer of every decode step,
+    # and this loop is bound by per-step overhead. The unmerged base stays in one page-locked host
+    # copy, which also serves sleep: sleeping drops the GPU weights, waking copies the base back,
+    # and the adapter is merged again before the next generate. Restoring from the copy (never
+    # subtracting B A) keeps the base exact over any number of versions. On the CPU the adapter
+    # stays unmerged and sleep does nothing.
     def load_adapter(self, folder: str) -> None:
         """Load a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors)."""
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -123,34 +133,56 @@ class HFBackend:
                                if k in LoraConfig.__dataclass_fields__})
         state = load_file(str(folder / "adapter_model.safetensors"))
         if self.peft is None:
+            self._keep_base_copy()  # before PEFT wraps the model: every parameter now is the base
             config.inference_mode = True
             self.peft = get_peft_model(self.model, config)
             self.peft.eval()
             self.model = self.peft
+        if self.gpu_weights == "merged":
+            self._restore_base()
         result = set_peft_model_state_dict(self.model, state)
         if getattr(result, "unexpected_keys", None):
             raise ValueError(f"adapter {folder} has tensors this model lacks: {result.unexpected_keys[:3]}")
 
+    def _prepare_weights(self) -> None:
+        """Before a generate on a GPU: the current adapter merged into the base."""
+        if self.device == "cpu" or self.peft is None or self.gpu_weights == "merged":
+            return
+        if self.gpu_weights == "host":
+            self._restore_base()
+        from peft.tuners.tuners_utils import BaseTunerLayer
+        for module in self.model.modules():
+            if isinstance(module, BaseTunerLayer):
+                module.merged_adapters = []  # the weights hold the base alone
+        self.model.merge_adapter()
+        self.gpu_weights = "merged"
+
+    def _keep_base_copy(self) -> None:
+        if self.device != "cpu" and self._base is None:
+            self._base = {p: torch.empty(p.shape, dtype=p.dtype, pin_memory=True).copy_(p.data, non_blocking=True)
+                          for p in self.model.parameters()}
+            torch.cuda.synchronize()
+
+    def _restore_base(self) -> None:
+        for p, host in self._base.items():
+            if p.device.type == "cpu":
+                p.data = host.to(self.device, non_blocking=True)
+            else:
+                p.data.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        self.gpu_weights = "base"
+
     def sleep(self) -> None:
-        """Move the weights into page-locked host buffers, made once and reused: a copy from pinned
-        memory runs at the bus's speed (about 1 s for an 8B model), `model.to("cpu")` at a fraction."""
+        """Free the GPU's copy of the weights: the base lives on in the host copy, the adapter's own
+        (small) tensors stay where they are."""
         if self.device == "cpu":
             return
-        # keyed by parameter, not name: PEFT renames the base weights when it wraps the model
-        old, self._host = getattr(self, "_host", {}), {}
-        for p in self.model.parameters():
-            buf = old.get(p)
-            if buf is None or buf.shape != p.shape or buf.dtype != p.dtype:
-                buf = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
-            self._host[p] = buf.copy_(p.data, non_blocking=True)
-        torch.cuda.synchronize()
-        for p, buf in self._host.items():
-            p.data = buf
+        self._keep_base_copy()
+        for p, host in self._base.items():
+            p.data = host
+        self.gpu_weights = "host"
         torch.cuda.empty_cache()
 
     def wake_up(self) -> None:
-        if self.device == "cpu":
-            return
-        for p in self.model.parameters():
-            p.data = p.data.to(self.device, non_blocking=True)
-        torch.cuda.synchronize()
+        if self.device != "cpu" and self.gpu_weights == "host":
+            self._restore_base()
