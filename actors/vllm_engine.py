@@ -27,6 +27,8 @@ def engine_settings(cfg) -> dict:
                      "gpu_memory_utilization": eng.gpu_memory_utilization, "cpu_kv_cache_gib": eng.cpu_kv_cache_gib,
                      "max_lora_rank": cfg.trainer.policy.model.lora.rank,
                      "engine_init_kwargs": dict(eng.engine_init_kwargs)}
+    else:
+        settings["merge_lora"] = eng.merge_lora
     return settings
 
 
@@ -45,7 +47,7 @@ class VLLMEngine:
             from inference.hf_backend import HFBackend
             from vlm.load import load_model
             model, processor = load_model(model_path, device, getattr(torch, dtype), s3_cfg)
-            self.backend = HFBackend(model, processor, device)
+            self.backend = HFBackend(model, processor, device, merge_lora=vllm_kwargs.get("merge_lora", False))
         self.adapter_version = 0  # 0 = the base model, no adapter
         self.adapter_path = None
         self.asleep = False

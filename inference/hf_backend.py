@@ -15,8 +15,9 @@ from inference.requests import GenRequest, GenResult, Sampling
 
 
 class HFBackend:
-    def __init__(self, model, processor, device: str = "cpu", max_batch: int = 256):
+    def __init__(self, model, processor, device: str = "cpu", max_batch: int = 256, merge_lora: bool = False):
         self.model, self.processor, self.device, self.max_batch = model, processor, device, max_batch
+        self.merge_lora = merge_lora and device != "cpu"
         self.tok = processor.tokenizer
         self.pad_id = self.tok.pad_token_id
         self.end_id = self.tok.convert_tokens_to_ids("<|im_end|>")
@@ -116,13 +117,13 @@ class HFBackend:
         return results
 
     # ---- adapters and memory --------------------------------------------------------------
-    # On a GPU the adapter is merged into the weights (W + B A), so decoding runs the plain model:
-    # an unmerged PEFT adapter adds two small matmuls to every linear layer of every decode step,
-    # and this loop is bound by per-step overhead. The unmerged base stays in one page-locked host
-    # copy, which also serves sleep: sleeping drops the GPU weights, waking copies the base back,
-    # and the adapter is merged again before the next generate. Restoring from the copy (never
-    # subtracting B A) keeps the base exact over any number of versions. On the CPU the adapter
-    # stays unmerged and sleep does nothing.
+    # On a GPU the unmerged base lives in one page-locked host copy: sleeping drops the GPU's
+    # weights (the adapter's small tensors stay) and waking copies the base back, at the bus's
+    # speed. With merge_lora each adapter version is merged into the weights (W + B A) before the
+    # next generate, so decoding runs the plain model instead of two extra matmuls per linear layer
+    # and step; a new version restores the base from the copy first (never subtracting B A, which
+    # would drift over versions). The price: W + B A rounded to bf16 is not what the trainer
+    # computes (docs/configuration.md). On the CPU neither applies.
     def load_adapter(self, folder: str) -> None:
         """Load a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors)."""
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -133,7 +134,8 @@ class HFBackend:
                                if k in LoraConfig.__dataclass_fields__})
         state = load_file(str(folder / "adapter_model.safetensors"))
         if self.peft is None:
-            self._keep_base_copy()  # before PEFT wraps the model: every parameter now is the base
+            if self.merge_lora:
+                self._keep_base_copy()  # before PEFT wraps the model: every parameter now is the base
             config.inference_mode = True
             self.peft = get_peft_model(self.model, config)
             self.peft.eval()
@@ -146,7 +148,7 @@ class HFBackend:
 
     def _prepare_weights(self) -> None:
         """Before a generate on a GPU: the current adapter merged into the base."""
-        if self.device == "cpu" or self.peft is None or self.gpu_weights == "merged":
+        if not self.merge_lora or self.peft is None or self.gpu_weights == "merged":
             return
         if self.gpu_weights == "host":
             self._restore_base()
@@ -173,8 +175,8 @@ class HFBackend:
         self.gpu_weights = "base"
 
     def sleep(self) -> None:
-        """Free the GPU's copy of the weights: the base lives on in the host copy, the adapter's own
-        (small) tensors stay where they are."""
+        """Free the GPU's copy of the weights the host copy holds (made on the first sleep, or before
+        the first adapter with merge_lora)."""
         if self.device == "cpu":
             return
         self._keep_base_copy()

@@ -125,6 +125,9 @@ class InferenceEngineConfig:
     gpu_memory_utilization: float = 0.45
     enable_sleep: bool = True  # visrl: engines free memory while shards train (colocate_all)
     cpu_kv_cache_gib: float = 2.0  # visrl: vLLM's KV cache on a CPU machine (VLLM_CPU_KVCACHE_SPACE)
+    # visrl: the hf backend on a GPU merges each adapter version into its bf16 weights (faster decode,
+    # but the rounding widens the engine-vs-trainer gap ~10x: docs/configuration.md)
+    merge_lora: bool = False
     engine_init_kwargs: Dict[str, Any] = field(default_factory=dict)
 
 

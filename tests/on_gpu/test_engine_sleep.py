@@ -1,5 +1,5 @@
-"""The hf engine on a GPU: each adapter version merged into the weights, restored from one
-page-locked host copy of the base, which also holds the weights while the engine sleeps.
+"""The hf engine on a GPU: one page-locked host copy of the base holds the weights while the engine
+sleeps, and with merge_lora each adapter version is merged over the base restored from it.
 
 Needs CUDA: skipped elsewhere (CI has no GPU); on a GPU machine run `python -m pytest tests/on_gpu`.
 """
@@ -34,7 +34,7 @@ def weights(engine) -> dict:
 
 def test_merged_adapter_generates_as_the_unmerged_one(tiny_model_dir, adapter_dir, prompter):
     reqs = requests_for(prompter, [5, 6, 7], ["", "", ""])
-    on_gpu = VLLMEngine(tiny_model_dir, backend="hf", device="cuda", dtype="float32")
+    on_gpu = VLLMEngine(tiny_model_dir, backend="hf", device="cuda", dtype="float32", merge_lora=True)
     on_cpu = VLLMEngine(tiny_model_dir, backend="hf", device="cpu", dtype="float32")  # never merges
     for engine in (on_gpu, on_cpu):
         engine.load_adapter(AdapterRef(adapter_dir, 1))
@@ -47,7 +47,7 @@ def test_merged_adapter_generates_as_the_unmerged_one(tiny_model_dir, adapter_di
 
 def test_versions_restore_the_base_exactly(tiny_model_dir, adapter_dir, second_adapter, prompter):
     reqs = requests_for(prompter, [5, 6, 7], ["", "", ""])
-    engine = VLLMEngine(tiny_model_dir, backend="hf", device="cuda", dtype="bfloat16")
+    engine = VLLMEngine(tiny_model_dir, backend="hf", device="cuda", dtype="bfloat16", merge_lora=True)
     for version in range(1, 4):  # v1, v2, v1 again: each merged over the restored base
         engine.load_adapter(AdapterRef(adapter_dir if version % 2 else second_adapter, version))
         first = engine.generate(reqs, GREEDY, expect_version=version)
@@ -57,8 +57,10 @@ def test_versions_restore_the_base_exactly(tiny_model_dir, adapter_dir, second_a
     assert all(torch.equal(v, v1_weights[n]) for n, v in weights(engine).items())  # no drift
 
 
-def test_sleep_frees_the_weights_and_wake_restores_them(tiny_model_dir, adapter_dir, second_adapter, prompter):
-    engine = VLLMEngine(tiny_model_dir, backend="hf", device="cuda", dtype="bfloat16")
+@pytest.mark.parametrize("merge_lora", [False, True])
+def test_sleep_frees_the_weights_and_wake_restores_them(tiny_model_dir, adapter_dir, second_adapter, prompter,
+                                                        merge_lora):
+    engine = VLLMEngine(tiny_model_dir, backend="hf", device="cuda", dtype="bfloat16", merge_lora=merge_lora)
     reqs = requests_for(prompter, [5, 6, 7], ["", "", ""])
     engine.sleep()  # before any adapter: the host copy is made from the base
     engine.wake_up()
@@ -79,7 +81,7 @@ def test_sleep_frees_the_weights_and_wake_restores_them(tiny_model_dir, adapter_
     engine.sleep()
     engine.load_adapter(AdapterRef(second_adapter, 2))  # a version loaded while asleep is merged on waking
     engine.wake_up()
-    fresh = VLLMEngine(tiny_model_dir, backend="hf", device="cuda", dtype="bfloat16")
+    fresh = VLLMEngine(tiny_model_dir, backend="hf", device="cuda", dtype="bfloat16", merge_lora=merge_lora)
     fresh.load_adapter(AdapterRef(second_adapter, 2))
     assert [r.token_ids for r in engine.generate(reqs, GREEDY)] == [r.token_ids for r in fresh.generate(reqs, GREEDY)]
     expected = weights(fresh)
