@@ -2,12 +2,15 @@
 run folder; then a table per seed and mean +- std (base, best and final eval solve rate, wall
 time) and seeds.png with one eval curve a seed.
 
-    python bench/seeds.py --seeds 0 1 2 [--parallel 1] [--name default] [--config FILE] [key=value ...]
+    python bench/seeds.py --seeds 0 1 2 [--parallel 1] [--name default] [--config FILE]
+                          [--heldout runs/heldout/eval.jsonl] [--no-run] [key=value ...]
 
 Sequential by default (the 2-core CPU has room for one run); `--parallel K` runs K at once where a
 GPU has room. Each seed writes runs/seeds/<name>/seed_<S>/ (metrics.jsonl, eval/, ...); running
 the command again resumes each seed from its last checkpoint (a finished seed stops at once), and
-the wall time adds up its invocations.
+the wall time adds up its invocations. `--heldout FILE` also evaluates each seed's final adapter on
+another eval set (greedy, `driver.py --eval-only`; not counted in the wall time); `--no-run` only
+reports on the seeds' folders. Solve rates are split by the mazes' optimal route length.
 """
 import argparse
 import json
@@ -23,17 +26,35 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_seed(seed: int, folder: Path, config: str | None, overrides: list[str]) -> dict:
+def driver(args: list[str], log: Path) -> int:
+    with open(log, "a") as out:
+        return subprocess.call([sys.executable, "driver.py", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                               env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
+
+
+def by_length(per_maze: list[dict]) -> str:
+    """'12: 49/50, 16: 9/14': solved/total by optimal route length."""
+    lengths = sorted({m["optimal_moves"] for m in per_maze})
+    return ", ".join(f"{n}: {sum(m['solved'] for m in per_maze if m['optimal_moves'] == n)}/"
+                     f"{sum(m['optimal_moves'] == n for m in per_maze)}" for n in lengths)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_seed(seed: int, folder: Path, config: str | None, overrides: list[str], heldout: str | None = None,
+             run: bool = True) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     args = ([f"--config={config}"] if config else []) + list(overrides) + [
         f"trainer.seed={seed}", f"trainer.run_dir={folder}", f"trainer.ckpt_path={folder}/ckpts",
         f"trainer.export_path={folder}/exports", f"data.dataset_dir={folder}/data"]
-    started = time.time()
-    with open(folder / "driver.log", "a") as log:
-        code = subprocess.call([sys.executable, "driver.py", *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                               env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
-    with open(folder / "wall_s.txt", "a") as f:  # a resumed seed adds up its invocations
-        f.write(f"{time.time() - started:.1f}\n")
+    code = 0
+    if run:
+        started = time.time()
+        code = driver(args, folder / "driver.log")
+        with open(folder / "wall_s.txt", "a") as f:  # a resumed seed adds up its invocations
+            f.write(f"{time.time() - started:.1f}\n")
     wall = sum(float(x) for x in (folder / "wall_s.txt").read_text().split())
     history = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evals = [(h["step"], h["eval/all/avg_score"]) for h in history if "eval/all/avg_score" in h]
@@ -41,8 +62,19 @@ def run_seed(seed: int, folder: Path, config: str | None, overrides: list[str]) 
         raise SystemExit(f"seed {seed} failed (exit {code}); see {folder / 'driver.log'}")
     best = max(evals, key=lambda p: (p[1], -p[0]))
     step_s = sum(h.get("timing/step", 0.0) for h in history)
-    return {"seed": seed, "base": evals[0][1], "best": best[1], "best_step": best[0], "final": evals[-1][1],
-            "final_step": evals[-1][0], "curve": evals, "wall_s": wall, "step_s": step_s}
+    result = {"seed": seed, "base": evals[0][1], "best": best[1], "best_step": best[0], "final": evals[-1][1],
+              "final_step": evals[-1][0], "curve": evals, "wall_s": wall, "step_s": step_s,
+              "final_by_length": by_length(read_jsonl(folder / "eval" / f"step_{evals[-1][0]:05d}.jsonl"))}
+    if heldout:
+        adapter = max((folder / "adapters").glob("v*"), key=lambda p: int(p.name[1:]))
+        out = folder / "heldout"
+        if driver(args + ["--eval-only", f"--eval-set={Path(heldout).resolve()}", f"--adapter={adapter}",
+                          f"trainer.run_dir={out}"], folder / "heldout.log"):
+            raise SystemExit(f"seed {seed}: the held-out eval failed; see {folder / 'heldout.log'}")
+        per_maze = read_jsonl(out / "eval_only.jsonl")
+        result |= {"heldout": sum(m["solved"] for m in per_maze) / len(per_maze), "heldout_adapter": adapter.name,
+                   "heldout_by_length": by_length(per_maze)}
+    return result
 
 
 def plot(results: list[dict], out: Path, title: str) -> None:
@@ -70,21 +102,30 @@ def main():
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--name", default="default", help="runs/seeds/<name>/")
     ap.add_argument("--config")
+    ap.add_argument("--heldout", metavar="FILE", help="also evaluate each seed's final adapter on this eval .jsonl")
+    ap.add_argument("--no-run", action="store_true", help="only report on the seeds' run folders")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     base = ROOT / "runs" / "seeds" / args.name
     with ThreadPoolExecutor(args.parallel) as pool:
-        results = list(pool.map(lambda s: run_seed(s, base / f"seed_{s}", args.config, args.overrides), args.seeds))
-    print(f"| seed | base | best (step) | final (step) | wall |   ({args.name}: {' '.join(args.overrides) or 'as configured'})")
-    print("|---|---|---|---|---|")
+        results = list(pool.map(lambda s: run_seed(s, base / f"seed_{s}", args.config, args.overrides, args.heldout,
+                                                   not args.no_run), args.seeds))
+    held = args.heldout is not None
+    print("| seed | base | best (step) | final (step) | final by route length |"
+          + (" held-out, final adapter | held-out by route length |" if held else "")
+          + f" wall |   ({args.name}: {' '.join(args.overrides) or 'as configured'})")
+    print("|---|---|---|---|---|" + ("---|---|" if held else "") + "---|")
     for r in results:
         print(f"| {r['seed']} | {100 * r['base']:.1f}% | {100 * r['best']:.1f}% ({r['best_step']}) | "
-              f"{100 * r['final']:.1f}% ({r['final_step']}) | {r['wall_s'] / 60:.1f} min |")
-    cols = {k: np.array([r[k] for r in results]) for k in ("base", "best", "final", "wall_s")}
-    print(f"| mean +- std | {100 * cols['base'].mean():.1f} +- {100 * cols['base'].std():.1f}% | "
-          f"{100 * cols['best'].mean():.1f} +- {100 * cols['best'].std():.1f}% | "
-          f"{100 * cols['final'].mean():.1f} +- {100 * cols['final'].std():.1f}% | "
-          f"{cols['wall_s'].mean() / 60:.1f} +- {cols['wall_s'].std() / 60:.1f} min |")
+              f"{100 * r['final']:.1f}% ({r['final_step']}) | {r['final_by_length']} | "
+              + (f"{100 * r['heldout']:.1f}% ({r['heldout_adapter']}) | {r['heldout_by_length']} | " if held else "")
+              + f"{r['wall_s'] / 60:.1f} min |")
+    keys = ("base", "best", "final") + (("heldout",) if held else ())
+    cols = {k: np.array([r[k] for r in results]) for k in keys + ("wall_s",)}
+    pct = {k: f"{100 * cols[k].mean():.1f} +- {100 * cols[k].std():.1f}%" for k in keys}
+    print(f"| mean +- std | {pct['base']} | {pct['best']} | {pct['final']} | |"
+          + (f" {pct['heldout']} | |" if held else "")
+          + f" {cols['wall_s'].mean() / 60:.1f} +- {cols['wall_s'].std() / 60:.1f} min |")
     plot(results, base / "seeds.png", f"{args.name}: final {100 * cols['final'].mean():.1f} +- "
                                       f"{100 * cols['final'].std():.1f}% over seeds {args.seeds}")
     (base / "seeds.json").write_text(json.dumps(results, indent=2))
