@@ -158,14 +158,16 @@ class FSDPPolicyShard:
         batch = collate([it.seq for it in chunk], self.processor, self.device, self.dtype)
         logp, logp_all = sampled_logprobs(self.model, batch, temperature, with_distribution=True)
         dev = logp.device
-        if scale and any(it.key not in old for it in chunk):
+        first_pass = scale and any(it.key not in old for it in chunk)
+        if first_pass or (gap is not None and scale):
+            host_logp = logp.detach().float().cpu().numpy()  # one host copy for both uses
+        if first_pass:
             # an item's first pass before any update: this forward is the old policy (and later
             # epochs reuse what it gave)
-            for it, piece in zip(chunk, np.split(logp.detach().float().cpu().numpy(),
-                                                 np.cumsum([it.n_scored for it in chunk])[:-1])):
+            for it, piece in zip(chunk, np.split(host_logp, np.cumsum([it.n_scored for it in chunk])[:-1])):
                 old.setdefault(it.key, piece)
         if gap is not None and scale:
-            add_gap(gap, logp.detach().float().cpu().numpy(), np.concatenate([rollout[it.key] for it in chunk]))
+            add_gap(gap, host_logp, np.concatenate([rollout[it.key] for it in chunk]))
 
         def per_token(values):
             return torch.tensor(np.concatenate([np.full(it.n_scored, v, dtype=np.float32)
