@@ -56,7 +56,7 @@ def run_seed(seed: int, folder: Path, config: str | None, overrides: list[str], 
         with open(folder / "wall_s.txt", "a") as f:  # a resumed seed adds up its invocations
             f.write(f"{time.time() - started:.1f}\n")
     wall = sum(float(x) for x in (folder / "wall_s.txt").read_text().split())
-    history = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    history = read_jsonl(folder / "metrics.jsonl")
     evals = [(h["step"], h["eval/all/avg_score"]) for h in history if "eval/all/avg_score" in h]
     if code != 0 or not evals:
         raise SystemExit(f"seed {seed} failed (exit {code}); see {folder / 'driver.log'}")

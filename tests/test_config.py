@@ -79,6 +79,7 @@ def test_wrong_types_name_key_and_expected_type(override, words):
     (["trainer.resume_mode=from_path"], ["resume_path"]),
     (["environment.env_class=maze_2d/medium"], ["maze_2d/easy"]),
     (["trainer.epochs"], ["key=value"]),
+    (["trainer.gradient_checkpointing_use_reentrant=true"], ["use_reentrant", "leave it false"]),
     (["trainer.algorithm.use_tis=true", "trainer.algorithm.use_rollout_logprobs=true"], ["use_tis", "one of the two"]),
     (["trainer.algorithm.use_tis=true", "trainer.algorithm.use_rollout_logprobs=false", "trainer.algorithm.tis_imp_ratio_cap=0"],
      ["tis_imp_ratio_cap", "> 0"]),
