@@ -1,0 +1,101 @@
+"""Where a rollout's time goes on a GPU: the hf engine and the env pool in one process, no Ray.
+
+    python bench/rollout_profile.py [--shape 8b] [--repeats 2] [--top 25] [key=value ...]
+
+Builds a random-weight Qwen3-VL of the shape (bench/gpu_scale.py), loads a random LoRA adapter of
+the workload's shape (r32, all linear layers) and runs gpu_scale's rollout (8 mazes x 8 samples,
+5 turns, 16 sampled tokens, `cell_px=32`) through the real RolloutRunner. Each rollout's wall time
+is split into: inside `model.generate` (the device synchronised on both sides), picture
+preprocessing, env reset/step, prompt building, and the rest; then cProfile's heaviest functions
+of the last rollout by own time. `key=value` overrides go to the run's config (for example
+`generator.inference_engine.merge_lora=true`).
+"""
+import argparse
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+class Timers:
+    """Wraps methods so every call adds its seconds to a named total."""
+
+    def __init__(self, sync):
+        self.total, self.sync = defaultdict(float), sync
+
+    def wrap(self, owner, name: str, label: str, synced: bool = False):
+        inner = getattr(owner, name)
+
+        def timed(*a, **kw):
+            if synced:
+                self.sync()
+            start = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                if synced:
+                    self.sync()
+                self.total[label] += time.perf_counter() - start
+        setattr(owner, name, timed)
+
+
+def main():
+    import torch
+
+    from actors.local import local_runner
+    from bench.gpu_scale import build, workload
+    from bench.rollout_throughput import random_adapter
+    from envs.dataset import make_rows
+    from rl.rollout import rollout_tasks, training_sampling
+    from settings.load import load_config
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="8b", choices=["2b", "8b"])
+    ap.add_argument("--repeats", type=int, default=2, help="rollouts timed after one warm-up")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", default="/tmp/rollout-profile")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    out = Path(args.out)
+    if not (out / "model" / "config.json").exists():  # a second profile (other overrides) reuses the model
+        build(args.shape, out / "model")
+    cfg = load_config(None, workload(out / "model", out / "run", 1) + list(args.overrides))
+    adapter = random_adapter(cfg, tempfile.mkdtemp(prefix="visrl-adapter-"))
+    runner, version = local_runner(cfg, adapter)
+    engine = runner.generate.__self__.engines[0]
+    backend = engine.backend
+    rows, _ = make_rows(cfg.environment.env_class, 0, cfg.trainer.train_batch_size, cfg.generator.max_turns, False)
+    timers = Timers(torch.cuda.synchronize)
+    timers.wrap(backend.model, "generate", "model.generate", synced=True)
+    timers.wrap(backend, "_encode_images", "picture preprocessing")
+    timers.wrap(runner.env, "step", "env step")
+    timers.wrap(runner.env, "reset", "env reset")
+    timers.wrap(runner.prompter, "prompt", "prompt building")
+    for k in range(args.repeats + 1):
+        timers.total.clear()
+        profile = cProfile.Profile() if k == args.repeats else None
+        tasks = rollout_tasks(rows, k, cfg.generator.n_samples_per_prompt)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        if profile:
+            profile.enable()
+        episodes = runner.run(tasks, training_sampling(cfg, k), version)
+        if profile:
+            profile.disable()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        turns = sum(len(e.turns) for e in episodes)
+        tokens = sum(e.generated_tokens for e in episodes)
+        parts = ", ".join(f"{name} {s:.2f}" for name, s in sorted(timers.total.items(), key=lambda kv: -kv[1]))
+        print(f"rollout {k}{' (warm-up)' if k == 0 else ''}: {wall:.2f} s, {turns} turns, {tokens} tokens | "
+              f"{parts}, rest {wall - sum(timers.total.values()):.2f} s", flush=True)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
