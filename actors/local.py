@@ -12,14 +12,15 @@ from rl.evaluate import EvalReport, evaluate, evaluation_sampling
 from rl.inputs import make_prompter
 from rl.rollout import RolloutRunner
 from storage import is_s3, open_store
-from vlm.load import resolve_device, resolve_model_path
+from vlm.load import compute_dtype, resolve_device, resolve_model_path
 from vlm.processor import load_processor
 
 
 def local_runner(cfg, adapter: str | None = None) -> tuple[RolloutRunner, int]:
     """(a rollout runner over one in-process engine, the adapter version it holds: 1, or 0 without)."""
     t = cfg.trainer
-    engine = VLLMEngine(t.policy.model.path, device=resolve_device(t.device), **engine_settings(cfg))
+    device = resolve_device(t.device)
+    engine = VLLMEngine(t.policy.model.path, device=device, dtype=compute_dtype(device), **engine_settings(cfg))
     version = 0
     if adapter:
         folder = adapter

@@ -7,8 +7,8 @@ the workload's shape (r32, all linear layers) and runs gpu_scale's rollout (8 ma
 5 turns, 16 sampled tokens, `cell_px=32`) through the real RolloutRunner. Each rollout's wall time
 is split into: inside `model.generate` (the device synchronised on both sides), picture
 preprocessing, env reset/step, prompt building, and the rest; then cProfile's heaviest functions
-of the last rollout by own time. `key=value` overrides go to the run's config (for example
-`generator.inference_engine.merge_lora=true`).
+of the last rollout by own time, and the GPU kernels of one more rollout by device time.
+`key=value` overrides go to the run's config (for example `generator.inference_engine.merge_lora=true`).
 """
 import argparse
 import cProfile
@@ -95,6 +95,10 @@ def main():
         print(f"rollout {k}{' (warm-up)' if k == 0 else ''}: {wall:.2f} s, {turns} turns, {tokens} tokens | "
               f"{parts}, rest {wall - sum(timers.total.values()):.2f} s", flush=True)
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as kernels:
+        runner.run(tasks, training_sampling(cfg, args.repeats), version)
+        torch.cuda.synchronize()
+    print(kernels.key_averages().table(sort_by="self_device_time_total", row_limit=args.top, max_name_column_width=70))
 
 
 if __name__ == "__main__":

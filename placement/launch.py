@@ -44,13 +44,14 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
     from actors.policy_shard import FSDPPolicyShard
     from actors.ref_shard import RefShard
     from actors.vllm_engine import VLLMEngine, engine_settings
+    from vlm.load import compute_dtype
 
     groups = create_groups(plan, cfg.trainer.placement.timeout_s)
     device = "cuda" if plan.use_gpu else "cpu"
     ns, t, g = cfg.ray.namespace, cfg.trainer, cfg.generator
     # Ray starts actors with OMP_NUM_THREADS=1; host-side work (preprocessing, sampling) wants the bundle's CPUs
     threads = max(1, int(t.placement.cpus_per_bundle))
-    dtype = "bfloat16" if device == "cuda" else "float32"
+    dtype = compute_dtype(device)
     policy, ref, engines, env_pool, checkpointer = [], [], [], None, None
     try:
         policy = [ray.remote(FSDPPolicyShard).options(**slot_options(groups, pool, i, slot, ns)).remote(

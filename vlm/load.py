@@ -81,6 +81,11 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def compute_dtype(device: str) -> str:
+    """The weights' dtype on a device: bf16 on a GPU; fp32 on the CPU, where bf16 matmuls are slow."""
+    return "bfloat16" if device == "cuda" else "float32"
+
+
 def peak_memory_gib() -> float:
     """This process's peak GPU memory (the caching allocator's high-water mark); 0 without a GPU."""
     return torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else 0.0
