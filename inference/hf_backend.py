@@ -137,7 +137,9 @@ class HFBackend:
             if self.merge_lora:
                 self._keep_base_copy()  # before PEFT wraps the model: every parameter now is the base
             config.inference_mode = True
-            self.peft = get_peft_model(self.model, config)
+            # the adapter in the base's dtype: PEFT's default fp32 adapter made every decode step on a
+            # bf16 GPU model cast activations to fp32 and back around fp32 matmuls in each LoRA layer
+            self.peft = get_peft_model(self.model, config, autocast_adapter_dtype=False)
             self.peft.eval()
             self.model = self.peft
         if self.gpu_weights == "merged":

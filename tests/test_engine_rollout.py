@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from actors.env_pool import EnvPool
 from actors.handles import EngineClient
@@ -63,6 +64,18 @@ def test_adapter_changes_outputs_and_version_is_recorded(tiny_model_dir, adapter
     engine.wake_up()
     assert engine.generate(reqs[:1], GREEDY, expect_version=3)[0].token_ids == tuned[0].token_ids
 
+
+
+def test_a_bf16_engine_holds_its_adapter_in_bf16(tiny_model_dir, adapter_dir):
+    """PEFT would keep the adapter in fp32: on a GPU every LoRA layer of every decode step then cast
+    to fp32 and back around fp32 matmuls (a third of the rollout's GPU time at 8B)."""
+    engine = VLLMEngine(tiny_model_dir, backend="hf", device="cpu", dtype="bfloat16")
+    engine.load_adapter(AdapterRef(adapter_dir, 1))
+    stored = load_file(f"{adapter_dir}/adapter_model.safetensors")
+    loaded = {n.replace(".default", ""): p for n, p in engine.backend.model.named_parameters() if "lora_" in n}
+    assert loaded and {p.dtype for p in loaded.values()} == {torch.bfloat16}
+    assert sorted(loaded) == sorted(stored)
+    assert all(torch.equal(loaded[n], t.to(torch.bfloat16)) for n, t in stored.items())
 
 def test_cut_picture_is_refused(engine, prompter):
     req = requests_for(prompter, [1], [""])[0]
