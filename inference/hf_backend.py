@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from inference.requests import GenRequest, GenResult, Sampling
+from vlm.pictures import PicturePreprocessor
 
 
 class HFBackend:
@@ -24,6 +25,7 @@ class HFBackend:
         self.image_token_id = self.tok.convert_tokens_to_ids("<|image_pad|>")
         merge = getattr(processor.image_processor, "merge_size", 1)
         self.tokens_per_patch_group = merge * merge
+        self.pictures = PicturePreprocessor(processor.image_processor, model.dtype)
         self.peft = None
         self._base = None  # GPU only: the unmerged base weights, page-locked on the host
         self.gpu_weights = "base"  # base | merged (the adapter added in) | host (asleep)
@@ -56,7 +58,7 @@ class HFBackend:
         images = [img for r in requests for img in r.images]
         if not images:
             return {}
-        enc = self.processor.image_processor(images=images, return_tensors="pt")
+        enc = self.pictures(images)
         grid = enc["image_grid_thw"]
         counts = (grid.prod(-1) // self.tokens_per_patch_group).tolist()
         i = 0

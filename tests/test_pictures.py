@@ -1,0 +1,47 @@
+"""Each distinct picture goes through the image processor once; what comes back is what the
+processor gives for the whole list."""
+import torch
+
+from envs.maze import MazeEnv
+from vlm.pictures import PicturePreprocessor
+from vlm.processor import load_processor
+
+
+def pictures(seeds):
+    return [MazeEnv(cell_px=16).reset(seed=s)[0] for s in seeds]
+
+
+def test_repeated_pictures_are_processed_once_and_match_the_processor(tiny_model_dir):
+    image_processor = load_processor(tiny_model_dir).image_processor
+    shown = pictures([1, 2, 1, 3, 2, 1])  # a later turn shows earlier pictures again
+    cache = PicturePreprocessor(image_processor)
+    first = cache(shown[:3])
+    again = cache(shown)
+    direct = image_processor(images=shown, return_tensors="pt")
+    assert cache.processed == 3
+    assert torch.equal(again["pixel_values"], direct["pixel_values"])
+    assert torch.equal(again["image_grid_thw"], direct["image_grid_thw"])
+    assert torch.equal(first["pixel_values"], again["pixel_values"][:len(first["pixel_values"])])
+
+
+def test_a_full_cache_forgets_the_least_recently_used_picture(tiny_model_dir):
+    image_processor = load_processor(tiny_model_dir).image_processor
+    a, b, c = pictures([1, 2, 3])
+    one = image_processor(images=[a], return_tensors="pt")["pixel_values"]
+    cache = PicturePreprocessor(image_processor, max_bytes=2 * one.numel() * one.element_size())
+    cache([a, b])
+    cache([a])  # a is now the most recently used
+    cache([c])  # evicts b
+    assert cache.processed == 3
+    cache([a, c])
+    assert cache.processed == 3
+    cache([b])
+    assert cache.processed == 4
+
+
+def test_the_same_pixels_in_another_shape_are_another_picture(tiny_model_dir):
+    cache = PicturePreprocessor(load_processor(tiny_model_dir).image_processor)
+    a = pictures([1])[0]
+    assert cache.key(a) != cache.key(a.reshape(a.shape[0] * 2, a.shape[1] // 2, 3))  # same bytes
+    assert cache.key(a) == cache.key(a.copy())
+    assert cache.key(a) != cache.key(pictures([2])[0])
