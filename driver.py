@@ -182,7 +182,7 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
     from actors.checkpointer import Checkpointer, resume_step
     from placement.fleet import ACTOR_FAILURES, Chaos, Fleet
     from rl.inputs import check_model_path, check_prompt_fits, load_datasets, make_prompter
-    from rl.sampler import PromptSampler
+    from rl.sampler import PromptSampler, repeat_long_routes
     from rl.state import RunState
     from telemetry.curve import plot_learning_curve, summary_line
     from telemetry.run_log import RunLog
@@ -196,7 +196,7 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
     # which checkpoint to resume from, found before any actor starts (none that verifies: an error)
     resume_at = resume_step(Checkpointer(t.ckpt_path, cfg.s3), t.ckpt_path) if t.resume_mode == "latest" else None
     train_rows, eval_rows = load_datasets(cfg)
-    sampler = PromptSampler(train_rows, t.train_batch_size, t.seed)
+    sampler = PromptSampler(repeat_long_routes(train_rows, cfg.data.long_route_repeats), t.train_batch_size, t.seed)
     run = Run(cfg, Path(t.run_dir), eval_rows, t.epochs * sampler.steps_per_epoch, to_yaml(cfg))
     run.dir.mkdir(parents=True, exist_ok=True)
     (run.dir / "config.yaml").write_text(run.config_yaml)

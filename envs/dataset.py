@@ -18,15 +18,19 @@ from envs.maze import SIZES, MazeEnv
 SPLITS = ("train", "eval")
 
 
+def shortest_route(env_id: str) -> int:
+    """The fewest moves any maze of the env needs: start and goal are opposite inner corners."""
+    return 2 * (SIZES[env_id] - 3)
+
+
 def make_rows(env_id: str, seed_start: int, count: int, max_turns: int, solvable_only: bool,
               seed_limit: int | None = None):
     """Return (rows, seeds scanned). Seeds are scanned upwards from seed_start."""
-    size = SIZES[env_id]
-    shortest = 2 * (size - 3)  # start and goal are opposite inner corners
+    shortest = shortest_route(env_id)
     if solvable_only and shortest + 1 > max_turns:
         raise ValueError(f"no {env_id} maze is solvable within max_turns={max_turns}: every route needs at least "
                          f"{shortest} moves plus the stop; raise generator.max_turns or set data.solvable_only=false")
-    env = MazeEnv(size=size, cell_px=4, max_turns=max_turns)
+    env = MazeEnv(size=SIZES[env_id], cell_px=4, max_turns=max_turns)
     rows, seed = [], seed_start
     while len(rows) < count:
         if seed_limit is not None and seed >= seed_limit:

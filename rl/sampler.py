@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from envs.dataset import shortest_route
+
+
+def repeat_long_routes(rows: list[dict], repeats: int) -> list[dict]:
+    """The train rows with each maze whose route is longer than its env's shortest `repeats` times
+    (data.long_route_repeats): the long mazes are where a trained agent still fails, and a group
+    whose episodes all succeed carries no signal."""
+    return [r for r in rows for _ in range(repeats if r["optimal_moves"] > shortest_route(r["env_id"]) else 1)]
+
 
 class PromptSampler:
     def __init__(self, rows: list[dict], batch_size: int, seed: int):

@@ -137,6 +137,7 @@ def validate(cfg: Config) -> None:
                 "generator.sampling_params.max_generate_length", "trainer.placement.policy_num_nodes",
                 "trainer.placement.policy_num_gpus_per_node", "trainer.placement.ref_num_nodes",
                 "trainer.placement.ref_num_gpus_per_node", "data.train_size", "data.eval_size",
+                "data.long_route_repeats",
                 "trainer.eval_interval", "trainer.ckpt_interval", "trainer.hf_save_interval",
                 "environment.cell_px", "generator.max_input_length", "trainer.max_prompt_length"]
     for key in positive:

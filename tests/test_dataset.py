@@ -5,7 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from envs.dataset import load_rows, write_dataset
+from envs.dataset import load_rows, make_rows, write_dataset
+from rl.sampler import PromptSampler, repeat_long_routes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,3 +69,14 @@ def test_env_ceiling_is_the_unfiltered_share_of_solvable_mazes():
     assert 0.85 < env_ceiling("maze_2d/easy", 20, 300) < 1.0  # some easy mazes need more than 19 moves
     assert env_ceiling("maze_2d/hard", 15, 100) == 0.0  # no 11x11 maze fits in 15 turns (16 moves at least)
     assert env_ceiling("maze_2d/hard", 49, 100) == 1.0  # 25 rooms: at most 48 moves and the stop
+
+
+def test_long_routes_are_drawn_repeats_times_an_epoch():
+    rows, _ = make_rows("maze_2d/easy", 0, 40, 20, solvable_only=True)
+    long = [r["seed"] for r in rows if r["optimal_moves"] > 12]
+    assert 0 < len(long) < len(rows)  # both kinds in the set
+    sampler = PromptSampler(repeat_long_routes(rows, 3), 1, seed=0)
+    drawn = [r["seed"] for _ in range(sampler.steps_per_epoch) for r in sampler.next_batch()[0]]
+    assert len(drawn) == len(rows) + 2 * len(long)
+    assert all(drawn.count(s) == (3 if s in long else 1) for s in {r["seed"] for r in rows})
+    assert repeat_long_routes(rows, 1) == rows
