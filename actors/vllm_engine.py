@@ -28,7 +28,9 @@ def engine_settings(cfg) -> dict:
                      "max_lora_rank": cfg.trainer.policy.model.lora.rank,
                      "engine_init_kwargs": dict(eng.engine_init_kwargs)}
     else:
-        settings["merge_lora"] = eng.merge_lora
+        # a picture recurs in later prompts only when more than the last one is kept
+        settings |= {"merge_lora": eng.merge_lora,
+                     "picture_cache_bytes": 0 if cfg.generator.context_pictures == 1 else 1 << 30}
     return settings
 
 
@@ -47,7 +49,8 @@ class VLLMEngine:
             from inference.hf_backend import HFBackend
             from vlm.load import load_model
             model, processor = load_model(model_path, device, getattr(torch, dtype), s3_cfg)
-            self.backend = HFBackend(model, processor, device, merge_lora=vllm_kwargs.get("merge_lora", False))
+            self.backend = HFBackend(model, processor, device, merge_lora=vllm_kwargs.get("merge_lora", False),
+                                     picture_cache_bytes=vllm_kwargs.get("picture_cache_bytes", 1 << 30))
         self.adapter_version = 0  # 0 = the base model, no adapter
         self.adapter_path = None
         self.asleep = False

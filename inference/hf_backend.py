@@ -16,7 +16,8 @@ from vlm.pictures import PicturePreprocessor
 
 
 class HFBackend:
-    def __init__(self, model, processor, device: str = "cpu", max_batch: int = 256, merge_lora: bool = False):
+    def __init__(self, model, processor, device: str = "cpu", max_batch: int = 256, merge_lora: bool = False,
+                 picture_cache_bytes: int = 1 << 30):
         self.model, self.processor, self.device, self.max_batch = model, processor, device, max_batch
         self.merge_lora = merge_lora and device != "cpu"
         self.tok = processor.tokenizer
@@ -25,7 +26,7 @@ class HFBackend:
         self.image_token_id = self.tok.convert_tokens_to_ids("<|image_pad|>")
         merge = getattr(processor.image_processor, "merge_size", 1)
         self.tokens_per_patch_group = merge * merge
-        self.pictures = PicturePreprocessor(processor.image_processor, model.dtype)
+        self.pictures = PicturePreprocessor(processor.image_processor, model.dtype, picture_cache_bytes)
         self.peft = None
         self._base = None  # GPU only: the unmerged base weights, page-locked on the host
         self.gpu_weights = "base"  # base | merged (the adapter added in) | host (asleep)

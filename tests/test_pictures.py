@@ -1,8 +1,11 @@
 """Each distinct picture goes through the image processor once; what comes back is what the
 processor gives for the whole list."""
+import pytest
 import torch
 
+from actors.vllm_engine import engine_settings
 from envs.maze import MazeEnv
+from settings.load import load_config
 from vlm.pictures import PicturePreprocessor
 from vlm.processor import load_processor
 
@@ -45,3 +48,19 @@ def test_the_same_pixels_in_another_shape_are_another_picture(tiny_model_dir):
     assert cache.key(a) != cache.key(a.reshape(a.shape[0] * 2, a.shape[1] // 2, 3))  # same bytes
     assert cache.key(a) == cache.key(a.copy())
     assert cache.key(a) != cache.key(pictures([2])[0])
+
+
+@pytest.mark.parametrize("pictures_kept, cache_bytes", [(1, 0), (0, 1 << 30), (2, 1 << 30)])
+def test_the_engine_keeps_pictures_only_where_a_prompt_can_show_one_again(pictures_kept, cache_bytes):
+    cfg = load_config("configs/default.yaml", [f"generator.context_pictures={pictures_kept}"])
+    assert engine_settings(cfg)["picture_cache_bytes"] == cache_bytes
+
+
+def test_a_cache_of_no_bytes_keeps_nothing_and_gives_the_same_output(tiny_model_dir):
+    image_processor = load_processor(tiny_model_dir).image_processor
+    shown = pictures([1, 2, 1])
+    cache = PicturePreprocessor(image_processor, max_bytes=0)
+    out = cache(shown)
+    cache(shown)
+    assert cache.processed == 4 and not cache._kept
+    assert torch.equal(out["pixel_values"], image_processor(images=shown, return_tensors="pt")["pixel_values"])
