@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
+from inference.pictures import PicturePreprocessor
 from inference.requests import GenRequest, GenResult, Sampling
-from vlm.pictures import PicturePreprocessor
 
 
 class HFBackend:
