@@ -29,7 +29,7 @@ def engine_settings(cfg) -> dict:
                      "engine_init_kwargs": dict(eng.engine_init_kwargs)}
     else:
         # a picture recurs in later prompts only when more than the last one is kept
-        settings |= {"merge_lora": eng.merge_lora,
+        settings |= {"merge_lora": eng.merge_lora, "decode_loop": "graphs" if eng.cuda_graphs else "hf",
                      "picture_cache_bytes": 0 if cfg.generator.context_pictures == 1 else 1 << 30}
     return settings
 
@@ -50,7 +50,8 @@ class VLLMEngine:
             from vlm.load import load_model
             model, processor = load_model(model_path, device, getattr(torch, dtype), s3_cfg)
             self.backend = HFBackend(model, processor, device, merge_lora=vllm_kwargs.get("merge_lora", False),
-                                     picture_cache_bytes=vllm_kwargs.get("picture_cache_bytes", 1 << 30))
+                                     picture_cache_bytes=vllm_kwargs.get("picture_cache_bytes", 1 << 30),
+                                     decode_loop=vllm_kwargs.get("decode_loop", "graphs"))
         self.adapter_version = 0  # 0 = the base model, no adapter
         self.adapter_path = None
         self.asleep = False

@@ -5,9 +5,11 @@
 Builds a random-weight Qwen3-VL of the shape (bench/gpu_scale.py), loads a random LoRA adapter of
 the workload's shape (r32, all linear layers) and runs gpu_scale's rollout (8 mazes x 8 samples,
 5 turns, 16 sampled tokens, `cell_px=32`) through the real RolloutRunner. Each rollout's wall time
-is split into: inside `model.generate` (the device synchronised on both sides), picture
-preprocessing, env reset/step, prompt building, and the rest; then cProfile's heaviest functions
-of the last rollout by own time, and the GPU kernels of one more rollout by device time.
+is split into: decode (prefill and sampling, in `generate` or the engine's own loop with
+`generator.inference_engine.cuda_graphs`; the device synchronised on both sides), picture
+preprocessing, env reset/step, prompt building, and the rest (with `--sleep`, the engine's sleep
+and wake, as in a colocated step); then cProfile's heaviest functions of the last rollout by own
+time, and the GPU kernels of one more rollout by device time.
 `key=value` overrides go to the run's config (for example `generator.inference_engine.merge_lora=true`).
 """
 import argparse
@@ -59,6 +61,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=2, help="rollouts timed after one warm-up")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default="/tmp/rollout-profile")
+    ap.add_argument("--sleep", action="store_true", help="sleep and wake the engine before each rollout, as a "
+                    "colocated step does (the weights move, so CUDA graphs are captured again)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = Path(args.out)
@@ -71,7 +75,7 @@ def main():
     backend = engine.backend
     rows, _ = make_rows(cfg.environment.env_class, 0, cfg.trainer.train_batch_size, cfg.generator.max_turns, False)
     timers = Timers(torch.cuda.synchronize)
-    timers.wrap(backend.model, "generate", "model.generate", synced=True)
+    timers.wrap(backend, "_decode", "decode", synced=True)
     timers.wrap(backend, "_encode_images", "picture preprocessing")
     timers.wrap(runner.env, "step", "env step")
     timers.wrap(runner.env, "reset", "env reset")
@@ -82,6 +86,9 @@ def main():
         tasks = rollout_tasks(rows, k, cfg.generator.n_samples_per_prompt)
         torch.cuda.synchronize()
         start = time.perf_counter()
+        if args.sleep and k:
+            engine.sleep()
+            engine.wake_up()
         if profile:
             profile.enable()
         episodes = runner.run(tasks, training_sampling(cfg, k), version)
@@ -92,8 +99,10 @@ def main():
         turns = sum(len(e.turns) for e in episodes)
         tokens = sum(e.generated_tokens for e in episodes)
         parts = ", ".join(f"{name} {s:.2f}" for name, s in sorted(timers.total.items(), key=lambda kv: -kv[1]))
+        decoder = backend.decoder
+        graphs = f", {decoder.captures} graphs captured in {decoder.capture_s:.2f} s so far" if decoder else ""
         print(f"rollout {k}{' (warm-up)' if k == 0 else ''}: {wall:.2f} s, {turns} turns, {tokens} tokens | "
-              f"{parts}, rest {wall - sum(timers.total.values()):.2f} s", flush=True)
+              f"{parts}, rest {wall - sum(timers.total.values()):.2f} s{graphs}", flush=True)
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as kernels:
         runner.run(tasks, training_sampling(cfg, args.repeats), version)

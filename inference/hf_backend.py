@@ -11,15 +11,22 @@ from pathlib import Path
 
 import torch
 
+from inference.graph_decode import GraphDecoder
 from inference.pictures import PicturePreprocessor
 from inference.requests import GenRequest, GenResult, Sampling
 
 
 class HFBackend:
     def __init__(self, model, processor, device: str = "cpu", max_batch: int = 256, merge_lora: bool = False,
-                 picture_cache_bytes: int = 1 << 30):
+                 picture_cache_bytes: int = 1 << 30, decode_loop: str = "graphs"):
         self.model, self.processor, self.device, self.max_batch = model, processor, device, max_batch
         self.merge_lora = merge_lora and device != "cpu"
+        # graphs: the GraphDecoder's loop replayed as CUDA graphs (GPU only; the CPU keeps `generate`);
+        # eager: the same loop without graphs; hf: transformers' `generate`
+        if decode_loop not in ("graphs", "eager", "hf"):
+            raise ValueError(f"decode_loop must be graphs, eager or hf, not {decode_loop!r}")
+        self.decode_loop = "hf" if decode_loop == "graphs" and device == "cpu" else decode_loop
+        self.decoder = None  # the GraphDecoder over the current model (built on first use)
         self.tok = processor.tokenizer
         self.pad_id = self.tok.pad_token_id
         self.end_id = self.tok.convert_tokens_to_ids("<|im_end|>")
@@ -92,19 +99,10 @@ class HFBackend:
         vision = self._encode_images(requests)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        greedy = sampling.temperature <= 0
-        gen = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-            mm_token_type_ids=(ids == self.image_token_id).long().to(self.device), **vision,
-            max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
-            top_k=None, eos_token_id=self.end_id, pad_token_id=self.pad_id, suppress_tokens=self.suppress,
-            output_logits=True, return_dict_in_generate=True)
-        new = gen.sequences[:, width:]
-        # the sampled tokens' log-probs, on the device: only (batch x new tokens) values cross to the host
-        logits = torch.stack(gen.logits, 1).float()
-        logp = torch.log_softmax(logits / (1.0 if greedy else sampling.temperature), -1)
-        logp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1).cpu()
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        extra = {"mm_token_type_ids": (ids == self.image_token_id).long(), **vision}
+        new, logp = self._decode(ids, mask, extra, sampling)
+        logp = logp.cpu()
         new = new.cpu()
         results = []
         for row, r in enumerate(requests):
@@ -118,6 +116,26 @@ class HFBackend:
                     text, finish = text[:text.index(s)], "stop"
             results.append(GenResult(toks, lps, text, finish, adapter_version, len(r.prompt_ids)))
         return results
+
+    def _decode(self, ids, mask, extra, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill and sample: ([batch, new] token ids, their log-probs), both on the device."""
+        if self.decode_loop != "hf" and sampling.top_p >= 1:
+            if self.decoder is None:
+                self.decoder = GraphDecoder(self.model, use_graphs=self.decode_loop == "graphs")
+            return self.decoder.generate(ids, mask, extra, sampling.max_new_tokens, sampling.temperature,
+                                         self.suppress, self.end_id)
+        greedy = sampling.temperature <= 0
+        gen = self.model.generate(
+            input_ids=ids, attention_mask=mask, **extra,
+            max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
+            top_k=None, eos_token_id=self.end_id, pad_token_id=self.pad_id, suppress_tokens=self.suppress,
+            output_logits=True, return_dict_in_generate=True)
+        new = gen.sequences[:, ids.shape[1]:]
+        # the sampled tokens' log-probs, on the device: only (batch x new tokens) values cross to the host
+        logits = torch.stack(gen.logits, 1).float()
+        logp = torch.log_softmax(logits / (1.0 if greedy else sampling.temperature), -1)
+        return new, logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
 
     # ---- adapters and memory --------------------------------------------------------------
     # On a GPU the unmerged base lives in one page-locked host copy: sleeping drops the GPU's
@@ -145,6 +163,7 @@ class HFBackend:
             self.peft = get_peft_model(self.model, config, autocast_adapter_dtype=False)
             self.peft.eval()
             self.model = self.peft
+            self.decoder = None  # its graphs were captured without the LoRA layers
         if self.gpu_weights == "merged":
             self._restore_base()
         result = set_peft_model_state_dict(self.model, state)
@@ -188,6 +207,8 @@ class HFBackend:
         for p, host in self._base.items():
             p.data = host
         self.gpu_weights = "host"
+        if self.decoder is not None:
+            self.decoder.drop()  # its graphs read the weights where they were
         torch.cuda.empty_cache()
 
     def wake_up(self) -> None:

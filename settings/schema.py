@@ -128,6 +128,9 @@ class InferenceEngineConfig:
     # visrl: the hf backend on a GPU merges each adapter version into its bf16 weights (faster decode,
     # but the rounding widens the engine-vs-trainer gap ~10x: docs/configuration.md)
     merge_lora: bool = False
+    # visrl: the hf backend on a GPU decodes in its own loop, each step replayed as a CUDA graph
+    # (false: transformers' generate); vLLM's own graphs: engine_init_kwargs.enforce_eager
+    cuda_graphs: bool = True
     engine_init_kwargs: Dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,0 +1,65 @@
+"""The engine's own decode loop (inference/graph_decode.py), run eagerly on the CPU: it must give
+what transformers' `generate` gives, and log-probs the trainer's scoring agrees with. On a GPU the
+same step is replayed as a CUDA graph (tests/on_gpu/test_graph_decode.py)."""
+import numpy as np
+import pytest
+import torch
+
+from actors.vllm_engine import VLLMEngine
+from inference.graph_decode import batch_bucket
+from inference.requests import AdapterRef, Sampling
+from tests.test_engine_rollout import requests_for
+from vlm.forward import TrainSeq, score_seqs
+from vlm.processor import load_processor
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir, adapter_dir):
+    """The same weights and adapter behind both loops."""
+    pair = {loop: VLLMEngine(tiny_model_dir, backend="hf", device="cpu", decode_loop=loop) for loop in ("hf", "eager")}
+    for engine in pair.values():
+        engine.load_adapter(AdapterRef(adapter_dir, 1))
+    return pair
+
+
+def test_greedy_decoding_equals_generate(engines, prompter):
+    greedy = Sampling(max_new_tokens=7, temperature=0.0)
+    # a long batch, then a shorter one in the same buffers: stale keys past its prompts must stay unseen
+    for reqs in (requests_for(prompter, [1, 2, 3], ["Moved up.", "", "Cannot move into a wall."]),
+                 requests_for(prompter, [4, 5], ["Moved up.", ""])):
+        ours = engines["eager"].generate(reqs, greedy)
+        theirs = engines["hf"].generate(reqs, greedy)
+        assert [r.token_ids for r in ours] == [r.token_ids for r in theirs]
+        assert all(len(r.token_ids) == 7 or r.finish_reason == "stop" for r in ours)
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert len(engines["eager"].backend.decoder.buffers) == 1  # both batches used one bucket
+
+
+def assert_trainer_agrees(engine, prompter, model_dir, device: str, atol: float) -> list:
+    """Sample at temperature 0.7 and score the same tokens as the trainer does: the log-probs must
+    agree (the behaviour policy the importance weights and the gap rest on). Returns the results."""
+    reqs = requests_for(prompter, [6, 7, 8, 9], ["", "Moved left.", "", "Moved down."])
+    results = engine.generate(reqs, Sampling(max_new_tokens=6, temperature=0.7, seed=3))
+    seqs = [TrainSeq(f"s{i}", r.prompt_ids + res.token_ids, [0] * len(r.prompt_ids) + [1] * len(res.token_ids),
+                     [0.0] * len(r.prompt_ids) + res.logprobs, r.images)
+            for i, (r, res) in enumerate(zip(reqs, results))]
+    scored = score_seqs(engine.backend.model, load_processor(model_dir), seqs, 4, device, torch.float32, 0.7)
+    for seq, logp in zip(seqs, scored):
+        np.testing.assert_allclose(logp, seq.rollout_logprobs(), atol=atol)
+    return results
+
+
+def test_sampled_logprobs_are_the_trainers(engines, prompter, tiny_model_dir):
+    results = assert_trainer_agrees(engines["eager"], prompter, tiny_model_dir, "cpu", 1e-5)
+    again = assert_trainer_agrees(engines["eager"], prompter, tiny_model_dir, "cpu", 1e-5)
+    assert [r.token_ids for r in again] == [r.token_ids for r in results]  # a seed repeats a rollout
+
+
+def test_batches_share_graphs_by_power_of_two():
+    assert [batch_bucket(n) for n in (1, 8, 9, 33, 64, 65)] == [8, 8, 16, 64, 64, 128]
+
+
+def test_an_unknown_decode_loop_is_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="decode_loop"):
+        VLLMEngine(tiny_model_dir, backend="hf", device="cpu", decode_loop="cudagraph")
