@@ -47,12 +47,14 @@ class _Buffers:
 
 
 class GraphDecoder:
-    def __init__(self, model, use_graphs: bool, max_graphs: int = 4, length_multiple: int = 64):
+    def __init__(self, model, use_graphs: bool, max_graphs: int = 4, length_multiple: int = 256):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.model, self.base = model, base
         self.text = base.model.language_model
         self.lm_head = base.lm_head
         self.rope = sys.modules[type(self.text.layers[0].self_attn).__module__].apply_rotary_pos_emb
+        # cache lengths share graphs in steps of 256 slots: prompts grow turn by turn, each capture costs
+        # ~0.25 s at 8B (again after every sleep), and masked slots add little to a decode step
         self.use_graphs, self.max_graphs, self.length_multiple = use_graphs, max_graphs, length_multiple
         self.buffers: OrderedDict[tuple[int, int], _Buffers] = OrderedDict()
         self.pool = None
