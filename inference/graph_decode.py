@@ -59,6 +59,7 @@ class GraphDecoder:
         self.buffers: OrderedDict[tuple[int, int], _Buffers] = OrderedDict()
         self.pool = None
         self.captures, self.capture_s = 0, 0.0  # graphs captured so far, and the seconds it took
+        self.prefilled_rows = 0  # distinct prompts prefilled so far
 
     def drop(self) -> None:
         """Forget every buffer and graph: the weights they point at moved (the engine slept)."""
@@ -147,15 +148,19 @@ class GraphDecoder:
 
     @torch.no_grad()
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, extra: dict, max_new_tokens: int, temperature: float,
-                 suppress: list[int], end_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompts in, ([B, max_new_tokens] token ids, their log-probs) out. Log-probs
-        are of the temperature-scaled distribution (temperature 0: greedy, log-probs at 1)."""
-        batch, width = ids.shape
+                 suppress: list[int], end_id: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distinct left-padded prompts in, and `rows`: the prompt each sequence continues (a prompt
+        is prefilled once, however many sequences sample from it). Out: ([sequences, new tokens]
+        token ids, their log-probs), log-probs of the temperature-scaled distribution (temperature
+        0: greedy, log-probs at 1)."""
+        width, batch = ids.shape[1], len(rows)
         logits, keys, values, deltas = self._prefill(ids, mask, extra)
+        self.prefilled_rows += ids.shape[0]
+        logits, mask, deltas = logits[rows], mask[rows], deltas[rows]
         buf = self._buffers_for(batch, width + max_new_tokens, keys[0])
         for layer, (k, v) in enumerate(zip(keys, values)):
-            buf.keys[layer][:batch, :, :width].copy_(k)
-            buf.values[layer][:batch, :, :width].copy_(v)
+            buf.keys[layer][:batch, :, :width] = k[rows]
+            buf.values[layer][:batch, :, :width] = v[rows]
         buf.valid.zero_()
         buf.valid[:batch, :width] = mask.bool()
         buf.valid[batch:] = True  # rows that only fill the bucket: anything finite

@@ -16,6 +16,19 @@ from inference.pictures import PicturePreprocessor
 from inference.requests import GenRequest, GenResult, Sampling
 
 
+def distinct_prompts(requests: list[GenRequest]) -> tuple[list[GenRequest], torch.Tensor]:
+    """(the distinct requests, each request's row among them). A group's samples share their first
+    prompt (and a maze's episodes their early turns): each distinct prompt is prefilled once."""
+    index, prompts, rows = {}, [], []
+    for r in requests:
+        key = (tuple(r.prompt_ids), tuple(PicturePreprocessor.key(p) for p in r.images))
+        if key not in index:
+            index[key] = len(prompts)
+            prompts.append(r)
+        rows.append(index[key])
+    return prompts, torch.tensor(rows)
+
+
 class HFBackend:
     def __init__(self, model, processor, device: str = "cpu", max_batch: int = 256, merge_lora: bool = False,
                  picture_cache_bytes: int = 1 << 30, decode_loop: str = "graphs"):
@@ -90,18 +103,20 @@ class HFBackend:
 
     def _generate_chunk(self, requests, sampling: Sampling, adapter_version: int) -> list[GenResult]:
         self._prepare_weights()
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        own_loop = self.decode_loop != "hf" and sampling.top_p >= 1  # top-p: `generate` samples it
+        prompts, rows = distinct_prompts(requests) if own_loop else (requests, None)
+        width = max(len(r.prompt_ids) for r in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for row, r in enumerate(requests):
+        for row, r in enumerate(prompts):
             ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
             mask[row, width - len(r.prompt_ids):] = 1
-        vision = self._encode_images(requests)
+        vision = self._encode_images(prompts)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         ids, mask = ids.to(self.device), mask.to(self.device)
         extra = {"mm_token_type_ids": (ids == self.image_token_id).long(), **vision}
-        new, logp = self._decode(ids, mask, extra, sampling)
+        new, logp = self._decode(ids, mask, extra, sampling, rows)
         logp = logp.cpu()
         new = new.cpu()
         results = []
@@ -117,13 +132,14 @@ class HFBackend:
             results.append(GenResult(toks, lps, text, finish, adapter_version, len(r.prompt_ids)))
         return results
 
-    def _decode(self, ids, mask, extra, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill and sample: ([batch, new] token ids, their log-probs), both on the device."""
-        if self.decode_loop != "hf" and sampling.top_p >= 1:
+    def _decode(self, ids, mask, extra, sampling: Sampling, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill and sample: ([sequences, new] token ids, their log-probs), both on the device.
+        `rows` (own loop only): the prompt each sequence continues."""
+        if rows is not None:
             if self.decoder is None:
                 self.decoder = GraphDecoder(self.model, use_graphs=self.decode_loop == "graphs")
             return self.decoder.generate(ids, mask, extra, sampling.max_new_tokens, sampling.temperature,
-                                         self.suppress, self.end_id)
+                                         self.suppress, self.end_id, rows.to(self.device))
         greedy = sampling.temperature <= 0
         gen = self.model.generate(
             input_ids=ids, attention_mask=mask, **extra,

@@ -56,6 +56,23 @@ def test_sampled_logprobs_are_the_trainers(engines, prompter, tiny_model_dir):
     assert [r.token_ids for r in again] == [r.token_ids for r in results]  # a seed repeats a rollout
 
 
+def test_a_prompt_shared_by_several_sequences_is_prefilled_once(engines, prompter):
+    """A group's samples start from one prompt: it is prefilled once, and each sequence still
+    samples on its own."""
+    a, b = requests_for(prompter, [10, 11], ["", "Moved up."])
+    reqs = [a, b, a, a, b]
+    backend = engines["eager"].backend
+    before = backend.decoder.prefilled_rows if backend.decoder else 0
+    greedy = Sampling(max_new_tokens=6, temperature=0.0)
+    ours = engines["eager"].generate(reqs, greedy)
+    decoder = backend.decoder
+    assert decoder.prefilled_rows - before == 2
+    assert [r.token_ids for r in ours] == [r.token_ids for r in engines["hf"].generate(reqs, greedy)]
+    sampled = engines["eager"].generate([a] * 8, Sampling(max_new_tokens=6, temperature=1.0, seed=0))
+    assert decoder.prefilled_rows - before == 3
+    assert len({tuple(r.token_ids) for r in sampled}) > 1
+
+
 def test_batches_share_graphs_by_power_of_two():
     assert [batch_bucket(n) for n in (1, 8, 9, 33, 64, 65)] == [8, 8, 16, 64, 64, 128]
 
