@@ -100,7 +100,8 @@ def main():
         tokens = sum(e.generated_tokens for e in episodes)
         parts = ", ".join(f"{name} {s:.2f}" for name, s in sorted(timers.total.items(), key=lambda kv: -kv[1]))
         decoder = backend.decoder
-        graphs = f", {decoder.captures} graphs captured in {decoder.capture_s:.2f} s so far" if decoder else ""
+        graphs = (f", {decoder.captures} graphs captured in {decoder.capture_s:.2f} s and {decoder.prefilled_rows} "
+                  f"distinct prompts prefilled so far" if decoder else "")
         print(f"rollout {k}{' (warm-up)' if k == 0 else ''}: {wall:.2f} s, {turns} turns, {tokens} tokens | "
               f"{parts}, rest {wall - sum(timers.total.values()):.2f} s{graphs}", flush=True)
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
