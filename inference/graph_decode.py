@@ -8,7 +8,8 @@ its KV cache is copied into fixed buffers, and each new token runs one step of t
 written out over the model's own modules (norms, projections with their LoRA layers, MLP,
 rotary embedding), reading and writing only those buffers. On a GPU that step is captured once
 per (batch, cache length) bucket and replayed; on the CPU it runs eagerly (the tests compare it
-with `generate` there).
+with `generate` there). A prompt that several sequences continue (a group's first turn) is
+prefilled once and its cache copied to each of them.
 
 What is simplified: every row decodes `max_new_tokens` steps (rows that ended keep going and their
 tokens are dropped; a check every 8 steps stops early once all have ended); top-p sampling is left
