@@ -64,7 +64,7 @@ class MultiLoraServer:
         device = self.s.device if self.s.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         s3 = S3Config(endpoint_url=self.s.s3_endpoint_url or None)
         model, processor = load_model(self.s.base_model, device, torch.bfloat16 if device == "cuda" else torch.float32, s3)
-        self.backend = HFBackend(model, processor, device)
+        self.backend = HFBackend(model, processor, device)  # `generate`: CUDA graphs would pin one adapter
         self.limits = Limits(max_body_bytes=self.s.max_body_bytes, max_image_pixels=self.s.max_image_pixels,
                              max_tokens=self.s.max_tokens)
         self.source = AdapterSource(self.s.dynamic_lora_loading_path or None,

@@ -1,7 +1,8 @@
-"""transformers `generate` for many prompts at once: left padding, KV cache, one call a batch.
+"""transformers models generating for many prompts at once: left padding, KV cache, one call a batch.
 
-Every live episode of a turn goes into one `generate` call (in chunks of `max_batch`), whatever
-its prompt length or number of pictures; log-probs are those of the temperature-scaled
+Every live episode of a turn goes into one call (in chunks of `max_batch`), whatever its prompt
+length or number of pictures: transformers' `generate`, or on a GPU the engine's own decode loop
+replayed as CUDA graphs (inference/graph_decode.py). Log-probs are those of the temperature-scaled
 distribution the tokens were sampled from, so the trainer can use them as the behaviour policy.
 """
 from __future__ import annotations
@@ -31,11 +32,13 @@ def distinct_prompts(requests: list[GenRequest]) -> tuple[list[GenRequest], torc
 
 class HFBackend:
     def __init__(self, model, processor, device: str = "cpu", max_batch: int = 256, merge_lora: bool = False,
-                 picture_cache_bytes: int = 1 << 30, decode_loop: str = "graphs"):
+                 picture_cache_bytes: int = 1 << 30, decode_loop: str = "hf"):
         self.model, self.processor, self.device, self.max_batch = model, processor, device, max_batch
         self.merge_lora = merge_lora and device != "cpu"
-        # graphs: the GraphDecoder's loop replayed as CUDA graphs (GPU only; the CPU keeps `generate`);
-        # eager: the same loop without graphs; hf: transformers' `generate`
+        # graphs: the GraphDecoder's loop replayed as CUDA graphs (GPU only; the CPU keeps `generate`),
+        # for one adapter at a time: a graph replays the LoRA layers that were active when it was
+        # captured, so a server switching adapters per request keeps hf; eager: the same loop without
+        # graphs; hf: transformers' `generate`
         if decode_loop not in ("graphs", "eager", "hf"):
             raise ValueError(f"decode_loop must be graphs, eager or hf, not {decode_loop!r}")
         self.decode_loop = "hf" if decode_loop == "graphs" and device == "cpu" else decode_loop
