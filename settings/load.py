@@ -177,7 +177,7 @@ def validate(cfg: Config) -> None:
                           "(ref_num_nodes x ref_num_gpus_per_node) as policy devices")
     if g.inference_engine.tensor_parallel_size > 1 and g.inference_engine.backend == "hf":
         raise ConfigError("generator.inference_engine.tensor_parallel_size > 1 needs backend=vllm")
-    if t.algorithm.advantage_estimator in ("grpo", "rloo") and g.n_samples_per_prompt < 2:
+    if t.algorithm.advantage_estimator in ("grpo", "rloo", "gigpo") and g.n_samples_per_prompt < 2:
         raise ConfigError(f"{t.algorithm.advantage_estimator} compares samples of one prompt: "
                           f"generator.n_samples_per_prompt must be >= 2; got {g.n_samples_per_prompt}")
     if g.sampling_params.temperature <= 0:

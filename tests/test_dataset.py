@@ -7,6 +7,7 @@ from pathlib import Path
 
 from envs.dataset import load_rows, make_rows, write_dataset
 from rl.sampler import PromptSampler, repeat_long_routes
+from settings import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,7 +22,8 @@ def test_same_arguments_give_identical_bytes_through_the_cli(tmp_path):
     assert outs[0] == outs[1]
     manifest = json.loads(outs[0]["manifest.json"])
     assert manifest["splits"]["eval"]["sha256"] == hashlib.sha256(outs[0]["eval.jsonl"]).hexdigest()
-    assert manifest["splits"]["train"]["rows"] == 256 and manifest["splits"]["eval"]["rows"] == 64
+    data = load_config(None).data  # the CLI builds the default config's sets
+    assert manifest["splits"]["train"]["rows"] == data.train_size and manifest["splits"]["eval"]["rows"] == 64
 
 
 def test_splits_are_disjoint_and_filter_is_recorded(tmp_path):
