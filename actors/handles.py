@@ -83,10 +83,12 @@ class EngineClient:
 
 
 class TrainingClient:
-    """The policy shards (FSDP ranks) and the reference shards, called as one trainer."""
+    """The policy shards (FSDP ranks) and the reference shards, called as one trainer. With
+    `ref_from_policy` there are no ref shards: the policy shards score the reference themselves
+    (their frozen base, the adapter switched off)."""
 
-    def __init__(self, policy: list, ref: list):
-        self.policy, self.ref = policy, ref
+    def __init__(self, policy: list, ref: list, ref_from_policy: bool = False):
+        self.policy, self.ref, self.ref_from_policy = policy, ref, ref_from_policy
 
     def share(self, items: list) -> dict[int, list]:
         """{world size: its ranks' shares} for the policy's and the ref's world sizes: the items are
@@ -104,13 +106,14 @@ class TrainingClient:
         return out
 
     def reference_logprobs(self, shares: dict, temperature: float, micro_batch: int) -> list:
-        """Start the ref shards on their shares; their results stay object refs (dicts locally)."""
-        if not self.ref:
+        """Start the reference scoring on the shares; the results stay object refs (dicts locally)."""
+        shards, method = (self.policy, "reference_logprobs") if self.ref_from_policy else (self.ref, "logprobs")
+        if not shards:
             return []
-        mine = shares[len(self.ref)]
-        if is_remote(self.ref[0]):
-            return [h.logprobs.remote(s, temperature, micro_batch) for h, s in zip(self.ref, mine)]
-        return [h.logprobs(s, temperature, micro_batch) for h, s in zip(self.ref, mine)]
+        mine = shares[len(shards)]
+        if is_remote(shards[0]):
+            return [getattr(h, method).remote(s, temperature, micro_batch) for h, s in zip(shards, mine)]
+        return [getattr(h, method)(s, temperature, micro_batch) for h, s in zip(shards, mine)]
 
     def wait(self, refs: list) -> None:
         """Until the given results are ready (without fetching them to the driver)."""

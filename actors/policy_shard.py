@@ -1,6 +1,7 @@
 """FSDPPolicyShard: one FSDP2 shard of the frozen base plus its trainable LoRA.
 
-Methods: logprobs(items) for the behaviour policy, train(items) for one GRPO batch (mini-batches
+Methods: logprobs(items) for the behaviour policy, reference_logprobs(items) for the KL term's
+reference (the frozen base, adapter off; `trainer.ref.from_policy_base`), train(items) for one GRPO batch (mini-batches
 of prompts, micro-batches with gradient accumulation, `update_epochs_per_batch` passes, AdamW on
 the LoRA weights only, grad-norm clipping, an LR schedule with warmup over training steps),
 save_adapter(folder) writing the full LoRA from rank 0 in PEFT format, and
@@ -85,6 +86,14 @@ class FSDPPolicyShard:
         finally:
             self.model.train()
         return {it.key: lp for it, lp in zip(items, scored)}
+
+    def reference_logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> dict[int, np.ndarray]:
+        """{item key: log-probs of its sampled tokens} under the frozen base, the adapter switched
+        off: the reference model, without a RefShard holding another copy of it."""
+        with self.model.disable_adapter():
+            scored = self.logprobs(items, temperature, micro_batch)
+        release_cached_memory(self.device)
+        return scored
 
     def train(self, items: list, algo: AlgorithmConfig, temperature: float = 1.0, micro_batch: int = 16,
               epochs: int = 1, *ref_logprobs: dict) -> dict:

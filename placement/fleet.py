@@ -71,7 +71,9 @@ class Fleet:
     def start(self) -> None:
         self.actors = launch(self.cfg, self.plan, self.cfg.trainer.policy.model.path, self.total_steps)
         self.engines = EngineClient(self.actors.engines)
-        self.trainer = TrainingClient(self.actors.policy, self.actors.ref)
+        self.trainer = TrainingClient(self.actors.policy, self.actors.ref,
+                                      ref_from_policy=self.cfg.trainer.algorithm.use_kl_loss
+                                      and self.cfg.trainer.ref.from_policy_base)
         self.env = Sync(self.actors.env_pool)
         self.runner = RolloutRunner.from_config(self.cfg, self.engines.generate, self.prompter, self.env)
 

@@ -51,6 +51,9 @@ class PolicyConfig:
 @dataclass
 class RefConfig:
     fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
+    # visrl: the reference is the policy's frozen base (LoRA trains on top of it), so the policy
+    # shards can score it with the adapter switched off; then no RefShard is placed
+    from_policy_base: bool = False
 
 
 @dataclass

@@ -36,12 +36,20 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
     hook = layer.input_layernorm.register_forward_hook(lambda *_: calls.append(1))
     metrics = shard.train(mine, batch.get("algorithm", ALGORITHM), 1.0, 2, 1, batch["ref"])
     hook.remove()
+    # the reference two ways, now that the adapter has moved: the policy's base with the adapter
+    # off, and a RefShard holding its own copy of the base (in this process's group)
+    from actors.ref_shard import RefShard
+    from_base = shard.reference_logprobs(mine, 1.0, 2)
+    ref_shard = RefShard(model_dir, rank=rank, world_size=world_size)
+    ref_shard.setup("127.0.0.1", port)
+    references = {"from_policy_base": from_base, "ref_shard": ref_shard.logprobs(mine, 1.0, 2),
+                  "policy_after": shard.logprobs(mine, 1.0, 2)}
     shard.save_adapter(os.path.join(out_dir, "adapter"))
     state = shard.state_dict()
     if rank == 0:
         with open(os.path.join(out_dir, "result.pkl"), "wb") as f:
             pickle.dump({"metrics": metrics, "before": before, "optimizer_steps": state["optimizer_steps"],
-                         "state": state, "layer_calls": len(calls)}, f)
+                         "state": state, "layer_calls": len(calls), "references": references}, f)
     shard.shutdown()
 
 

@@ -64,6 +64,13 @@ def test_two_shards_match_one(tiny_model_dir, tmp_path):
     for key in ("policy_loss", "policy_kl", "grad_norm", "entropy", "rollout_logprob_diff", "rollout_k3"):
         assert abs(one["metrics"][key] - two["metrics"][key]) < 1e-4 * max(1, abs(one["metrics"][key])), key
     assert lora_one.keys() == lora_two.keys() and any("lora_B" in k for k in lora_one)
+    for result in (one, two):  # the frozen base with the adapter off is the reference a RefShard gives
+        refs = result["references"]
+        assert refs["from_policy_base"].keys() == refs["ref_shard"].keys()
+        for key, expected in refs["ref_shard"].items():
+            np.testing.assert_allclose(refs["from_policy_base"][key], expected, atol=1e-6)
+        # ...and not the trained policy: switching the adapter off is what makes it the reference
+        assert max(np.abs(refs["policy_after"][k] - refs["ref_shard"][k]).max() for k in refs["ref_shard"]) > 1e-4
     moved = 0
     for k in lora_one:
         torch.testing.assert_close(lora_one[k], lora_two[k], atol=2e-5, rtol=1e-4)
