@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from rl.algorithm import AlgorithmConfig, entropy, policy_loss
 from vlm.forward import agree_max, collate, sampled_logprobs, score_seqs
 from vlm.load import release_cached_memory
+from vlm.pictures import PicturePreprocessor
 from vlm.sharding import init_distributed, shard_model, staging_device
 
 
@@ -68,6 +70,8 @@ class FSDPPolicyShard:
         self.model = get_peft_model(base, lora_config(self.lora_cfg))
         self.model.train()
         shard_model(self.model, self.device, self.cpu_offload, bf16_compute=self.bf16_compute)
+        # a step's passes (reference, old policy, each update epoch) show the same pictures
+        self.pictures = PicturePreprocessor(self.processor.image_processor, self.dtype)
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = self.optim_cfg
         self.optimizer = torch.optim.AdamW(params, lr=o["lr"], betas=tuple(o["adam_betas"]),
@@ -82,7 +86,7 @@ class FSDPPolicyShard:
         self.model.eval()
         try:
             scored = score_seqs(self.model, self.processor, [it.seq for it in items], micro_batch, self.device,
-                                self.dtype, temperature, self.world_size)
+                                self.dtype, temperature, self.world_size, self.pictures)
         finally:
             self.model.train()
         return {it.key: lp for it, lp in zip(items, scored)}
@@ -90,7 +94,7 @@ class FSDPPolicyShard:
     def reference_logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> dict[int, np.ndarray]:
         """{item key: log-probs of its sampled tokens} under the frozen base, the adapter switched
         off: the reference model, without a RefShard holding another copy of it."""
-        with self.model.disable_adapter():
+        with adapter_off(self.model):
             scored = self.logprobs(items, temperature, micro_batch)
         release_cached_memory(self.device)
         return scored
@@ -164,7 +168,7 @@ class FSDPPolicyShard:
 
     def _micro_step(self, chunk, scale: float, algo: AlgorithmConfig, temperature: float, old: dict,
                     ref: dict | None, rollout: dict, gap: dict | None) -> dict:
-        batch = collate([it.seq for it in chunk], self.processor, self.device, self.dtype)
+        batch = collate([it.seq for it in chunk], self.processor, self.device, self.dtype, self.pictures)
         logp, logp_all = sampled_logprobs(self.model, batch, temperature, with_distribution=True)
         dev = logp.device
         first_pass = scale and any(it.key not in old for it in chunk)
@@ -271,6 +275,22 @@ class FSDPPolicyShard:
             # ("terminate called without an active exception"): all ranks arrive first.
             dist.barrier()
             dist.destroy_process_group()
+
+
+@contextmanager
+def adapter_off(model):
+    """The frozen base's forward: every LoRA layer skips its adapter. PEFT's own disable_adapter()
+    also clears the adapter weights' requires_grad, from which FSDP2 takes the dtype it reduces
+    gradients in: a first forward under it left bf16 gradients for the fp32 LoRA weights."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
 
 
 def add_gap(gap: dict, trainer_logp: np.ndarray, engine_logp: np.ndarray) -> None:

@@ -9,13 +9,14 @@ ALGORITHM = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, use_rollout_logp
 TIS = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, use_tis=True, tis_imp_ratio_cap=1.5)
 
 
-def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=1, gradient_checkpointing=False):
+def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=1, gradient_checkpointing=False,
+           dtype="float32"):
     import torch
     torch.set_num_threads(1)
     from actors.policy_shard import FSDPPolicyShard
     shard = FSDPPolicyShard(model_dir, rank=rank, world_size=world_size, device="cpu",
                             lora={"rank": 4, "alpha": 8}, optimizer=optimizer or {"lr": 1e-2}, seed=seed,
-                            total_steps=total_steps, gradient_checkpointing=gradient_checkpointing)
+                            total_steps=total_steps, gradient_checkpointing=gradient_checkpointing, dtype=dtype)
     shard.setup("127.0.0.1", port)
     return shard
 
@@ -77,4 +78,22 @@ def schedule_rank(rank, world_size, port, model_dir, items_path, out_dir):
     metrics = [shard.train(batch["items"], algo, 1.0, 2, 2) for _ in range(3)]
     with open(os.path.join(out_dir, "lrs.pkl"), "wb") as f:
         pickle.dump([(m["lr"], m["optimizer_steps"]) for m in metrics], f)
+    shard.shutdown()
+
+
+def reference_then_train_bf16(rank, world_size, port, model_dir, items_path, out_dir):
+    """A bf16 shard (as on GPUs) whose first pass is the reference, then one update."""
+    from rl.batch import split_for_ranks
+
+    with open(items_path, "rb") as f:
+        batch = pickle.load(f)  # written by the test itself
+    shard = _shard(rank, world_size, port, model_dir, seed=0, dtype="bfloat16")
+    mine = split_for_ranks(batch["items"], world_size)[rank]
+    ref = shard.reference_logprobs(mine, 1.0, 2)
+    metrics = shard.train(mine, ALGORITHM, 1.0, 2, 1, ref)
+    if rank == 0:
+        pictures = {shard.pictures.key(img) for it in mine for img in it.seq.images}
+        with open(os.path.join(out_dir, "result.pkl"), "wb") as f:
+            pickle.dump({"metrics": metrics, "distinct_pictures": len(pictures),
+                         "preprocessed": shard.pictures.processed}, f)
     shard.shutdown()

@@ -78,6 +78,18 @@ def test_two_shards_match_one(tiny_model_dir, tmp_path):
     assert moved > 0
 
 
+def test_bf16_shard_trains_after_scoring_the_reference(tiny_model_dir, tmp_path):
+    """In bf16 (fp32 LoRA weights, FSDP2 mixed precision) a shard whose first forward scores the
+    reference with the adapter off still trains: PEFT's disable_adapter() cleared the adapter's
+    requires_grad there, and FSDP2 then left bf16 gradients on fp32 weights. Each picture is
+    preprocessed once for both passes."""
+    from tests.fsdp_worker import reference_then_train_bf16
+    out = spawn_on_items(reference_then_train_bf16, 1, tiny_model_dir, tmp_path, make_items(tiny_model_dir))
+    result = pickle.loads((out / "result.pkl").read_bytes())
+    assert result["metrics"]["grad_norm"] > 0 and result["metrics"]["optimizer_steps"] == 2
+    assert result["preprocessed"] == result["distinct_pictures"] > 0
+
+
 @pytest.mark.parametrize("tis", [False, True])
 def test_sharded_update_equals_a_plain_model(tiny_model_dir, tmp_path, tis):
     """Two FSDP2 shards give the LoRA update of one plain (unwrapped) PEFT model trained by hand:

@@ -33,7 +33,9 @@ class TrainSeq:
         return np.array([lp for lp, m in zip(self.logprobs[1:], self.loss_mask[1:]) if m], dtype=np.float32)
 
 
-def collate(seqs, processor, device: str, dtype=torch.float32) -> dict:
+def collate(seqs, processor, device: str, dtype=torch.float32, pictures=None) -> dict:
+    """One padded batch of `seqs` on `device`; `pictures` (a vlm.pictures.PicturePreprocessor)
+    reuses the image processor's output for pictures it has seen, else every picture is processed."""
     tok = processor.tokenizer
     image_token_id = tok.convert_tokens_to_ids("<|image_pad|>")
     width = max(len(s.input_ids) for s in seqs)
@@ -49,7 +51,7 @@ def collate(seqs, processor, device: str, dtype=torch.float32) -> dict:
              "mm_token_type_ids": (ids == image_token_id).long().to(device), "loss_mask": mask.to(device)}
     images = [img for s in seqs for img in s.images]
     if images:
-        enc = processor.image_processor(images=images, return_tensors="pt")
+        enc = pictures(images) if pictures else processor.image_processor(images=images, return_tensors="pt")
         batch["pixel_values"] = enc["pixel_values"].to(device, dtype)
         batch["image_grid_thw"] = enc["image_grid_thw"].to(device)
     return batch
@@ -84,7 +86,7 @@ def agree_max(n: int, world_size: int, device: str) -> int:
 
 @torch.no_grad()
 def score_seqs(model, processor, seqs: list[TrainSeq], micro_batch: int, device: str, dtype, temperature: float,
-               world_size: int = 1) -> list[np.ndarray]:
+               world_size: int = 1, pictures=None) -> list[np.ndarray]:
     """Per-sequence arrays of sampled-token log-probs, micro-batched, in step with the other ranks.
     Micro-batches hold sequences of alike length (less padding); the result keeps the input order."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].input_ids))
@@ -92,7 +94,7 @@ def score_seqs(model, processor, seqs: list[TrainSeq], micro_batch: int, device:
     scored = []
     for k in range(agree_max(len(chunks), world_size, device)):
         chunk = chunks[k] if k < len(chunks) else seqs[:micro_batch]  # a pass whose result is dropped
-        logp, _ = sampled_logprobs(model, collate(chunk, processor, device, dtype), temperature)
+        logp, _ = sampled_logprobs(model, collate(chunk, processor, device, dtype, pictures), temperature)
         if k < len(chunks):
             scored += np.split(logp.float().cpu().numpy(), np.cumsum([s.n_scored for s in chunk])[:-1])
     out = [None] * len(seqs)
