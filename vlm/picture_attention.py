@@ -1,0 +1,50 @@
+"""The vision tower's attention over all of a batch's pictures in one SDPA call.
+
+Qwen-VL's vision tower attends within each picture. With flash-attention, transformers hands the
+pictures' boundaries to one variable-length kernel; with SDPA (this project's: flash-attn is not
+a dependency) it splits the patches and calls SDPA once a picture. At gpu_scale's 8B shape that
+is 320 pictures x 27 blocks = 8,640 small calls a forward pass, twice that with gradient
+checkpointing, each paid for on the host: the train phase's GPU sat idle 38-59% of the time
+(bench/train_profile.py). A maze's pictures all have one size, so they stack into one
+(pictures, heads, patches, head_dim) batch and one call. A batch of pictures of different sizes,
+or another attention implementation, takes transformers' own path.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+
+
+def batch_picture_attention(model) -> int:
+    """Give every Qwen-VL vision attention module of `model` the one-call forward; returns how many."""
+    patched = 0
+    for module in model.modules():
+        rotary = getattr(sys.modules[type(module).__module__], "apply_rotary_pos_emb_vision", None)
+        if (type(module).__name__.endswith("VisionAttention") and rotary is not None
+                and all(hasattr(module, a) for a in ("qkv", "proj", "num_heads", "scaling", "config"))):
+            module.forward = types.MethodType(_one_call_forward(type(module).forward, rotary), module)
+            patched += 1
+    return patched
+
+
+def _one_call_forward(transformers_forward, rotary):
+    def forward(self, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, **kwargs) -> torch.Tensor:
+        patches = hidden_states.shape[0]
+        pictures = cu_seqlens.numel() - 1
+        size = patches // pictures
+        if (position_embeddings is None or self.config._attn_implementation != "sdpa" or size * pictures != patches
+                or not bool((cu_seqlens.diff() == size).all())):
+            return transformers_forward(self, hidden_states, cu_seqlens, position_embeddings=position_embeddings,
+                                        **kwargs)
+        q, k, v = self.qkv(hidden_states).reshape(patches, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+        q, k = rotary(q, k, *position_embeddings)
+
+        def by_picture(x):  # (patches, heads, dim) -> (pictures, heads, size, dim)
+            return x.reshape(pictures, size, self.num_heads, -1).transpose(1, 2)
+        out = F.scaled_dot_product_attention(by_picture(q), by_picture(k), by_picture(v), scale=self.scaling)
+        return self.proj(out.transpose(1, 2).reshape(patches, -1))
+    return forward
