@@ -5,6 +5,8 @@ pictures kept, an episode of T turns has T(T+1)/2 pictures preprocessed for T di
 turns: 15 for 5; the reference config's 15 turns: 120 for 15). The processor's output depends on
 the picture alone, so it is kept, keyed by the picture's bytes, and reused. With
 `generator.context_pictures=1` no picture is shown twice, and the engine keeps none (max_bytes 0).
+The policy shard keeps one as well: a step's passes (reference, old policy, each update epoch)
+show the same pictures.
 """
 from __future__ import annotations
 
