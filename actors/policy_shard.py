@@ -22,10 +22,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from inference.pictures import PicturePreprocessor
 from rl.algorithm import AlgorithmConfig, entropy, policy_loss
 from vlm.forward import agree_max, collate, sampled_logprobs, score_seqs
 from vlm.load import release_cached_memory
-from vlm.pictures import PicturePreprocessor
 from vlm.sharding import init_distributed, shard_model, staging_device
 
 

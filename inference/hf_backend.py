@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from inference.graph_decode import GraphDecoder
+from inference.pictures import PicturePreprocessor
 from inference.requests import GenRequest, GenResult, Sampling
-from vlm.pictures import PicturePreprocessor
 
 
 def distinct_prompts(requests: list[GenRequest]) -> tuple[list[GenRequest], torch.Tensor]:

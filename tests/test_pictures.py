@@ -5,8 +5,8 @@ import torch
 
 from actors.vllm_engine import engine_settings
 from envs.maze import MazeEnv
+from inference.pictures import PicturePreprocessor
 from settings.load import load_config
-from vlm.pictures import PicturePreprocessor
 from vlm.processor import load_processor
 
 

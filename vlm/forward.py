@@ -34,7 +34,7 @@ class TrainSeq:
 
 
 def collate(seqs, processor, device: str, dtype=torch.float32, pictures=None) -> dict:
-    """One padded batch of `seqs` on `device`; `pictures` (a vlm.pictures.PicturePreprocessor)
+    """One padded batch of `seqs` on `device`; `pictures` (an inference.pictures.PicturePreprocessor)
     reuses the image processor's output for pictures it has seen, else every picture is processed."""
     tok = processor.tokenizer
     image_token_id = tok.convert_tokens_to_ids("<|image_pad|>")
