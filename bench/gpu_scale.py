@@ -97,6 +97,27 @@ def workload(model: Path, run: Path, steps: int) -> list[str]:
             "trainer.micro_forward_batch_size_per_gpu=16", "trainer.micro_train_batch_size_per_gpu=16"]
 
 
+def profile_parser(doc: str, timed: str, out: str) -> argparse.ArgumentParser:
+    """The command line the in-process profiles share (rollout_profile.py, train_profile.py)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="8b", choices=["2b", "8b"])
+    ap.add_argument("--repeats", type=int, default=2, help=f"{timed} timed after one warm-up")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", default=out)
+    ap.add_argument("overrides", nargs="*")
+    return ap
+
+
+def profile_config(args):
+    """(the profile's folder, its config): the shape built once under --out (a second profile with
+    other overrides reuses it), gpu_scale's one-step workload plus the overrides."""
+    from settings.load import load_config
+    out = Path(args.out)
+    if not (out / "model" / "config.json").exists():
+        build(args.shape, out / "model")
+    return out, load_config(None, workload(out / "model", out / "run", 1) + list(args.overrides))
+
+
 class DeviceMemory:
     """The largest memory.used nvidia-smi reports for each GPU while the block runs, in GiB."""
 

@@ -12,7 +12,6 @@ and wake, as in a colocated step); then cProfile's heaviest functions of the las
 time, and the GPU kernels of one more rollout by device time.
 `key=value` overrides go to the run's config (for example `generator.inference_engine.merge_lora=true`).
 """
-import argparse
 import cProfile
 import pstats
 import sys
@@ -50,25 +49,16 @@ def main():
     import torch
 
     from actors.local import local_runner
-    from bench.gpu_scale import build, workload
+    from bench.gpu_scale import profile_config, profile_parser
     from bench.rollout_throughput import random_adapter
     from envs.dataset import make_rows
     from rl.rollout import rollout_tasks, training_sampling
-    from settings.load import load_config
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="8b", choices=["2b", "8b"])
-    ap.add_argument("--repeats", type=int, default=2, help="rollouts timed after one warm-up")
-    ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--out", default="/tmp/rollout-profile")
+    ap = profile_parser(__doc__, "rollouts", "/tmp/rollout-profile")
     ap.add_argument("--sleep", action="store_true", help="sleep and wake the engine before each rollout, as a "
                     "colocated step does (the weights move, so CUDA graphs are captured again)")
-    ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    out = Path(args.out)
-    if not (out / "model" / "config.json").exists():  # a second profile (other overrides) reuses the model
-        build(args.shape, out / "model")
-    cfg = load_config(None, workload(out / "model", out / "run", 1) + list(args.overrides))
+    out, cfg = profile_config(args)
     adapter = random_adapter(cfg, tempfile.mkdtemp(prefix="visrl-adapter-"))
     runner, version = local_runner(cfg, adapter)
     engine = runner.generate.__self__.engines[0]

@@ -14,7 +14,6 @@ cProfile's heaviest host functions of the same train.
 `key=value` overrides go to the run's config (for example `trainer.gradient_checkpointing=true
 trainer.micro_train_batch_size_per_gpu=64`).
 """
-import argparse
 import cProfile
 import gc
 import pstats
@@ -48,25 +47,15 @@ def main():
 
     from actors.local import local_runner
     from actors.policy_shard import FSDPPolicyShard
-    from bench.gpu_scale import build, workload
+    from bench.gpu_scale import profile_config, profile_parser
     from envs.dataset import make_rows
     from rl.algorithm import compute_advantages
     from rl.batch import build_items
     from rl.rollout import rollout_tasks, training_sampling
-    from settings.load import load_config
     from vlm.load import compute_dtype, resolve_device
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="8b", choices=["2b", "8b"])
-    ap.add_argument("--repeats", type=int, default=2, help="train passes timed after one warm-up")
-    ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--out", default="/tmp/train-profile")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
-    out = Path(args.out)
-    if not (out / "model" / "config.json").exists():  # a second profile (other overrides) reuses the model
-        build(args.shape, out / "model")
-    cfg = load_config(None, workload(out / "model", out / "run", 1) + list(args.overrides))
+    args = profile_parser(__doc__, "train passes", "/tmp/train-profile").parse_args()
+    out, cfg = profile_config(args)
     t = cfg.trainer
 
     runner, version = local_runner(cfg)
