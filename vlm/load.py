@@ -70,13 +70,15 @@ def resolve_model_path(path: str, s3_cfg=None, cache_dir: Path | None = None) ->
 def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32, s3_cfg=None):
     """(model in eval mode on `device`, processor) from any supported source; the vision tower
     encodes each distinct picture of a batch once (vlm/unique_pictures.py) and attends over all
-    of them in one call (vlm/picture_attention.py)."""
+    of them in one call (vlm/picture_attention.py); on the GPU, RMSNorms run fused (vlm/fused_norms.py)."""
+    from vlm.fused_norms import fuse_rms_norms
     from vlm.picture_attention import batch_picture_attention
     from vlm.unique_pictures import encode_unique_pictures
     folder = resolve_model_path(path, s3_cfg)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dtype).to(device).eval()
     batch_picture_attention(model)
     encode_unique_pictures(model)
+    fuse_rms_norms(model)
     return model, load_processor(folder)
 
 
