@@ -8,8 +8,12 @@ something is registered under it.
 
 A turn's advantage is broadcast over the tokens of its answer only (the loss mask does that).
 Losses are a per-token weighted sum: the weights encode the reduction (`token_mean`: every sampled
-token of the mini-batch counts the same; `sequence_mean`: every episode counts the same), so
-micro-batching and data-parallel ranks give the exact same gradient as one big batch.
+token of the mini-batch's trained episodes counts the same; `sequence_mean`: every episode counts
+the same; `sampled_token_mean`: `token_mean` over every episode sampled for the mini-batch,
+those `filter_zero_advantage_groups` drops included, so dropping them saves their compute and
+leaves the policy gradient as it was, where `token_mean` scales the few episodes left up to a
+full batch's weight), so micro-batching and data-parallel ranks give the exact same gradient as
+one big batch.
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
 POLICY_LOSSES: dict[str, Callable] = {}
 KL_ESTIMATORS: dict[str, Callable] = {}
 # How a mini-batch's loss averages its tokens; rl.batch turns the name into per-token weights.
-LOSS_REDUCTIONS = ("token_mean", "sequence_mean")
+LOSS_REDUCTIONS = ("token_mean", "sequence_mean", "sampled_token_mean")
 
 
 def _register(table: dict, name: str):

@@ -38,3 +38,15 @@ def test_zero_advantage_groups_can_be_dropped_and_ranks_split_evenly():
     assert sorted(len(s) for s in shards) == [1, 1, 2] and sum(len(s) for s in shards) == 4
     assert np.allclose(items[0].seq.rollout_logprobs(), [-0.1, -0.1])
     assert [it.key for it in items] == list(range(len(items)))  # ref and old log-probs are keyed by it
+
+
+def test_sampled_token_mean_drops_zero_advantage_episodes_without_rescaling_the_rest():
+    eps = [episode(str(i), i // 4, [2 + i], float(i % 2)) for i in range(8)]
+    adv = [np.array([a]) for a in [0.0, 0.0, 1, -1, 0.0, 0.0, 0.0, 0.0]]  # group 1: no signal at all
+    full = {it.seq.episode_id: it.token_weight for it in build_items(eps, adv, 1, "token_mean")}
+    kept = build_items(eps, adv, 1, "sampled_token_mean", drop_zero_advantage=True)
+    assert {it.seq.episode_id for it in kept} == {"2", "3"}
+    # the same weights as training every sampled episode: group 0's 2+3+4+5 = 14 answer tokens
+    assert all(it.token_weight == full[it.seq.episode_id] == 1 / 14 for it in kept)
+    rescaled = build_items(eps, adv, 1, "token_mean", drop_zero_advantage=True)
+    assert all(it.token_weight == 1 / (4 + 5) for it in rescaled)  # token_mean: the two kept episodes only
