@@ -107,3 +107,14 @@ def test_merged_tokens_and_gradients_follow_the_copies(merging_tower):
     for name, p in tower.named_parameters():
         if name in grads:
             torch.testing.assert_close(p.grad, grads[name], atol=1e-5, rtol=1e-4)
+
+
+def test_precomputed_per_picture_inputs_keep_the_towers_own_path(merging_tower, monkeypatch):
+    import vlm.unique_pictures as up
+    assert encode_unique_pictures(merging_tower) == 1
+    monkeypatch.setattr(up, "distinct_pictures", lambda *a: pytest.fail("deduplicated despite precomputed inputs"))
+    grid = torch.tensor([[1, 4, 4], [1, 4, 4]])
+    pic = torch.randn(16, 48)
+    cu_seqlens = torch.tensor([0, 16, 32], dtype=torch.int32)
+    out = merging_tower.visual(torch.cat([pic, pic]), grid_thw=grid, cu_seqlens=cu_seqlens)
+    assert out.pooler_output.shape == (8, 48)

@@ -6,7 +6,8 @@ vision tower was 40% of the step's time (half the rollout, a third of the train 
 encodes each picture on its own (its attention stays within a picture), so its features for a
 copy are its features for the original. This wraps the tower's forward: it finds the batch's
 exact duplicates, encodes the distinct pictures, and hands each copy its original's rows. With
-no duplicate the tower runs as before. Gradients still reach a trainable tower (LoRA on it): the
+no duplicate, or with precomputed per-picture inputs (transformers lets a caller pass the
+pictures' `cu_seqlens` and positions), the tower runs as before. Gradients still reach a trainable tower (LoRA on it): the
 copies' rows are an index_select, whose backward sums into the original.
 """
 from __future__ import annotations
@@ -77,6 +78,8 @@ def _weights(length: int, device: torch.device) -> torch.Tensor:
 
 def _unique_forward(tower_forward):
     def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs):
+        if any(torch.is_tensor(v) for v in kwargs.values()):  # precomputed per-picture inputs (cu_seqlens, ...)
+            return tower_forward(self, hidden_states, grid_thw=grid_thw, **kwargs)
         unique, inverse = distinct_pictures(hidden_states, grid_thw)
         if len(unique) == len(inverse):
             return tower_forward(self, hidden_states, grid_thw=grid_thw, **kwargs)
