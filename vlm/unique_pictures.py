@@ -5,10 +5,11 @@ pictures: one step of the CPU default shows 967 pictures of which 109 differ, an
 vision tower was 40% of the step's time (half the rollout, a third of the train pass). The tower
 encodes each picture on its own (its attention stays within a picture), so its features for a
 copy are its features for the original. This wraps the tower's forward: it finds the batch's
-exact duplicates, encodes the distinct pictures, and hands each copy its original's rows. With
-no duplicate, or with precomputed per-picture inputs (transformers lets a caller pass the
-pictures' `cu_seqlens` and positions), the tower runs as before. Gradients still reach a trainable tower (LoRA on it): the
-copies' rows are an index_select, whose backward sums into the original.
+exact duplicates, encodes the distinct pictures, and hands each copy its original's rows.
+Gradients still reach a trainable tower (LoRA on it): the copies' rows are an index_select, whose
+backward sums into the original. With no duplicate, or with precomputed per-picture inputs
+(transformers lets a caller pass the pictures' `cu_seqlens` and positions), the tower runs as
+before.
 """
 from __future__ import annotations
 
