@@ -43,18 +43,22 @@ def build_items(episodes: list[Episode], advantages: list[np.ndarray], prompts_p
         raise ValueError(f"unknown loss reduction '{reduction}'; known: {', '.join(LOSS_REDUCTIONS)}")
     groups = sorted({ep.group for ep in episodes})
     minibatch_of_group = {g: i // prompts_per_minibatch for i, g in enumerate(groups)}
-    every = [(ep, np.asarray(a), ep.sequences()) for ep, a in zip(episodes, advantages)]
-    per_episode = [(ep, a, seqs) for ep, a, seqs in every if not (drop_zero_advantage and not np.any(a))]
-    tokens_of_episode = {ep.episode_id: sum(s.n_scored for s in seqs) for ep, _, seqs in every}
+    kept = [(ep, np.asarray(a)) for ep, a in zip(episodes, advantages) if not (drop_zero_advantage and not np.any(a))]
+    # the episodes whose tokens share a mini-batch's weight (always every kept one): only
+    # sampled_token_mean needs the dropped episodes' sequences, to count their tokens
+    weighed = episodes if reduction == "sampled_token_mean" else [ep for ep, _ in kept]
+    seqs_of = {ep.episode_id: ep.sequences() for ep in weighed}
+    tokens_of_episode = {eid: sum(s.n_scored for s in seqs) for eid, seqs in seqs_of.items()}
     totals, episodes_in = {}, {}
-    for ep, _, _ in (every if reduction == "sampled_token_mean" else per_episode):
+    for ep in weighed:
         m = minibatch_of_group[ep.group]
         totals[m] = totals.get(m, 0) + tokens_of_episode[ep.episode_id]
-    for ep, _, _ in per_episode:
+    for ep, _ in kept:
         m = minibatch_of_group[ep.group]
         episodes_in[m] = episodes_in.get(m, 0) + 1
     items = []
-    for ep, adv, seqs in per_episode:
+    for ep, adv in kept:
+        seqs = seqs_of[ep.episode_id]
         m = minibatch_of_group[ep.group]
         if reduction in ("token_mean", "sampled_token_mean"):
             w = 1.0 / max(totals[m], 1)
