@@ -10,6 +10,7 @@ One step (`grpo_step` below), as docs/design.md draws it:
       -> LoRA update on the frozen base (FSDPPolicyShard x N, RefShard x N for the KL term)
       -> adapter written to shared storage, engines load the new version
       -> periodic eval (the fixed eval mazes), exports and checkpoints (local folder or s3://)
+      -> with a validation set: the adapter that scores best on it exported as <export_path>/best
 
 What is simplified: the trainer scores each turn's tokens with the prompt that turn was sampled
 from (turns merge into one sequence only when the context window keeps the whole history), and
@@ -55,6 +56,7 @@ class Run:
     cfg: object               # settings.Config
     dir: Path
     eval_rows: list
+    validation_rows: list     # empty: no validation set, the final adapter is the run's
     total_steps: int
     config_yaml: str
 
@@ -135,6 +137,9 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
     if step % t.eval_interval == 0 or last:
         with phases("eval"):
             metrics |= evaluate_policy(run, fleet, state)
+        if run.validation_rows:
+            with phases("validation"):
+                metrics |= choose_adapter(run, fleet, state, metrics["eval/all/avg_score"])
     if step % t.hf_save_interval == 0 or last:
         with phases("export"):
             export_adapter(cfg, state)
@@ -153,6 +158,27 @@ def evaluate_policy(run: Run, fleet, state) -> dict:
                       run.cfg.trainer.eval_batch_size)
     report.write(run.dir / "eval" / f"step_{state.step:05d}.jsonl")
     return eval_metrics(report)
+
+
+def choose_adapter(run: Run, fleet, state, eval_score: float) -> dict:
+    """Early stopping by a validation set the eval set never sees: the adapter that beats every earlier
+    one there (strictly, so a tie keeps the earlier) is exported as <export_path>/best/policy, with
+    selection.json beside it saying its step and scores. The eval set only reports."""
+    import tempfile
+
+    from rl.evaluate import evaluate, evaluation_sampling
+    from storage import open_store
+    report = evaluate(fleet.runner, run.validation_rows, evaluation_sampling(run.cfg), state.version,
+                      run.cfg.trainer.eval_batch_size)
+    report.write(run.dir / "validation" / f"step_{state.step:05d}.jsonl")
+    if state.best is None or report.solve_rate > state.best["validation"]:
+        best = {"step": state.step, "validation": report.solve_rate, "eval": eval_score}
+        with tempfile.TemporaryDirectory() as tmp:  # adapter and selection.json appear together
+            shutil.copytree(state.adapter.path, Path(tmp) / "policy")
+            (Path(tmp) / "selection.json").write_text(json.dumps(best, indent=2) + "\n")
+            open_store(run.cfg.trainer.export_path, run.cfg.s3).upload_dir(tmp, "best")
+        state.best = best
+    return {"eval/validation/avg_score": report.solve_rate, "eval/validation/best_step": state.best["step"]}
 
 
 def export_adapter(cfg, state) -> None:
@@ -181,7 +207,7 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
 
     from actors.checkpointer import Checkpointer, resume_step
     from placement.fleet import ACTOR_FAILURES, Chaos, Fleet
-    from rl.inputs import check_model_path, check_prompt_fits, load_datasets, make_prompter
+    from rl.inputs import check_model_path, check_prompt_fits, load_datasets, load_validation, make_prompter
     from rl.sampler import PromptSampler, repeat_long_routes
     from rl.state import RunState
     from telemetry.curve import plot_learning_curve, summary_line
@@ -197,7 +223,8 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
     resume_at = resume_step(Checkpointer(t.ckpt_path, cfg.s3), t.ckpt_path) if t.resume_mode == "latest" else None
     train_rows, eval_rows = load_datasets(cfg)
     sampler = PromptSampler(repeat_long_routes(train_rows, cfg.data.long_route_repeats), t.train_batch_size, t.seed)
-    run = Run(cfg, Path(t.run_dir), eval_rows, t.epochs * sampler.steps_per_epoch, to_yaml(cfg))
+    run = Run(cfg, Path(t.run_dir), eval_rows, load_validation(cfg), t.epochs * sampler.steps_per_epoch,
+              to_yaml(cfg))
     run.dir.mkdir(parents=True, exist_ok=True)
     (run.dir / "config.yaml").write_text(run.config_yaml)
     if t.strategy == "fsdp":
@@ -256,6 +283,8 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
     if code == 0:
         print(summary_line(history))
         print(f"run folder: {run.dir} (metrics.jsonl, tensorboard/, learning_curve.png, eval/)")
+        if state.best is not None:
+            print(f"adapter chosen by validation (step {state.best['step']}): {t.export_path}/best/policy")
     return code
 
 
@@ -302,9 +331,10 @@ def make_dataset(cfg, out_dir: str) -> int:
     from envs.dataset import write_dataset
     d = cfg.data
     manifest = write_dataset(out_dir, cfg.environment.env_class, d.train_size, d.eval_size, d.train_seed_start,
-                             d.eval_seed_start, cfg.generator.max_turns, d.solvable_only)
+                             d.eval_seed_start, cfg.generator.max_turns, d.solvable_only, d.validation_size,
+                             d.validation_seed_start)
     print(json.dumps(manifest["splits"], indent=2))
-    print(f"wrote {Path(out_dir) / 'train.jsonl'}, eval.jsonl, manifest.json")
+    print(f"wrote {', '.join(str(Path(out_dir) / s['file']) for s in manifest['splits'].values())}, manifest.json")
     return 0
 
 

@@ -1,8 +1,9 @@
 """Train and eval sets of mazes, written with a manifest so a run can prove what it saw.
 
 Each row is one maze: seed, env id, layout, start, goal and the optimal move count. Rows come
-from disjoint seed ranges (train from `train_seed_start`, eval from `eval_seed_start`), and the
-same arguments always give byte-identical files. With `solvable_only`, a seed is kept only when
+from disjoint seed ranges (train from `train_seed_start`, eval from `eval_seed_start`, and an
+optional validation split, which chooses the run's best adapter, from `validation_seed_start`),
+and the same arguments always give byte-identical files. With `solvable_only`, a seed is kept only when
 the BFS expert finishes within `max_turns` turns (its moves plus the final stop); the manifest
 records the filter and how many seeds it skipped.
 """
@@ -14,8 +15,6 @@ import json
 from pathlib import Path
 
 from envs.maze import SIZES, MazeEnv
-
-SPLITS = ("train", "eval")
 
 
 def shortest_route(env_id: str) -> int:
@@ -58,7 +57,8 @@ def rows_bytes(rows) -> bytes:
 
 
 def write_dataset(out_dir, env_id: str, train_size: int, eval_size: int, train_seed_start: int,
-                  eval_seed_start: int, max_turns: int, solvable_only: bool) -> dict:
+                  eval_seed_start: int, max_turns: int, solvable_only: bool, validation_size: int = 0,
+                  validation_seed_start: int = 0) -> dict:
     if eval_seed_start < train_seed_start:
         raise ValueError("eval_seed_start must be above train_seed_start (disjoint ranges)")
     out = Path(out_dir)
@@ -66,12 +66,18 @@ def write_dataset(out_dir, env_id: str, train_size: int, eval_size: int, train_s
     train, train_scanned = make_rows(env_id, train_seed_start, train_size, max_turns, solvable_only,
                                      seed_limit=eval_seed_start)
     evals, eval_scanned = make_rows(env_id, eval_seed_start, eval_size, max_turns, solvable_only)
+    splits = [("train", train, train_seed_start, train_scanned), ("eval", evals, eval_seed_start, eval_scanned)]
+    if validation_size:
+        if validation_seed_start < eval_seed_start + eval_scanned:
+            raise ValueError(f"validation_seed_start ({validation_seed_start}) must be above the eval seeds "
+                             f"[{eval_seed_start}, {eval_seed_start + eval_scanned}) (disjoint ranges)")
+        validation, scanned = make_rows(env_id, validation_seed_start, validation_size, max_turns, solvable_only)
+        splits.append(("validation", validation, validation_seed_start, scanned))
     manifest = {"env_id": env_id, "max_turns": max_turns,
                 "filter": {"solvable_only": solvable_only,
                            "rule": "BFS optimal moves + 1 stop <= max_turns" if solvable_only else None},
                 "splits": {}}
-    for name, rows, start, scanned in (("train", train, train_seed_start, train_scanned),
-                                       ("eval", evals, eval_seed_start, eval_scanned)):
+    for name, rows, start, scanned in splits:
         data = rows_bytes(rows)
         tmp = out / f".{name}.jsonl.tmp"
         tmp.write_bytes(data)

@@ -56,11 +56,23 @@ def load_datasets(cfg, eval_set: str | None = None) -> tuple[list[dict], list[di
     folder = Path(d.dataset_dir)
     if not (folder / "manifest.json").exists():
         write_dataset(folder, env_id, d.train_size, d.eval_size, d.train_seed_start, d.eval_seed_start,
-                      cfg.generator.max_turns, d.solvable_only)
+                      cfg.generator.max_turns, d.solvable_only, d.validation_size, d.validation_seed_start)
     train_rows = read_rows(folder / "train.jsonl", "data.dataset_dir", env_id)
     if not chosen:
         eval_rows = read_rows(folder / "eval.jsonl", "data.dataset_dir", env_id)
     return train_rows, eval_rows
+
+
+def load_validation(cfg) -> list[dict]:
+    """The validation rows that choose the run's best adapter (none with data.validation_size=0).
+    Call after load_datasets, which writes the folder on first use."""
+    if not cfg.data.validation_size:
+        return []
+    folder = Path(cfg.data.dataset_dir)
+    if not (folder / "validation.jsonl").exists():
+        raise InputError(f"data.dataset_dir '{folder}' was written without a validation split; point "
+                         f"data.dataset_dir at a new folder (it is written on first use) or set data.validation_size=0")
+    return read_rows(folder / "validation.jsonl", "data.dataset_dir", cfg.environment.env_class)
 
 
 def adapter_folder(path: str, s3_cfg=None) -> str:

@@ -1,7 +1,8 @@
 """What one training step changes, owned in one place: the step reached, the adapter the engines
-hold and the data position. Two things write it: a finished step (driver.grpo_step marks the step
-and adapter; the sampler moves as it hands out batches) and a restore from a checkpoint
-(placement.fleet.Fleet.restore), whose snapshot it is."""
+hold, the data position and the best adapter so far by the validation set. Two things write it: a
+finished step (driver.grpo_step marks the step and adapter, and at an eval the best; the sampler
+moves as it hands out batches) and a restore from a checkpoint (placement.fleet.Fleet.restore),
+whose snapshot it is."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ class RunState:
     step: int
     adapter: AdapterRef | None   # None: the engines serve the base model (version 0)
     sampler: PromptSampler
+    best: dict | None = None     # {"step", "validation", "eval"} of the adapter exported as <export_path>/best
 
     @property
     def version(self) -> int:
@@ -23,13 +25,14 @@ class RunState:
     def snapshot(self, total_steps: int, config_yaml: str) -> dict:
         """The trainer_state.json of a checkpoint."""
         return {"global_step": self.step, "adapter_version": self.version, "total_steps": total_steps,
-                "sampler": self.sampler.state_dict(), "config": config_yaml}
+                "sampler": self.sampler.state_dict(), "best": self.best, "config": config_yaml}
 
     def restore(self, trainer_state: dict, adapter: AdapterRef | None) -> None:
         self.sampler.load_state_dict(trainer_state["sampler"])
         self.step, self.adapter = int(trainer_state["global_step"]), adapter
+        self.best = trainer_state.get("best")  # checkpoints written before validation sets have none
 
     def reset(self) -> None:
         """Back to the start: step 0, the base model, the first batch of epoch 0."""
-        self.step, self.adapter = 0, None
+        self.step, self.adapter, self.best = 0, None, None
         self.sampler.epoch = self.sampler.cursor = 0

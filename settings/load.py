@@ -143,6 +143,9 @@ def validate(cfg: Config) -> None:
     for key in positive:
         if _get(cfg, key) < 1:
             raise ConfigError(f"config key '{key}' must be >= 1; got {_get(cfg, key)}")
+    if cfg.data.validation_size < 0:
+        raise ConfigError(f"config key 'data.validation_size' must be >= 0 (0 = no validation set); "
+                          f"got {cfg.data.validation_size}")
     if t.eval_batch_size < 0:
         raise ConfigError(f"config key 'trainer.eval_batch_size' must be >= 0 (0 = all mazes at once); got {t.eval_batch_size}")
     if t.ckpt_timeout_s <= 0:

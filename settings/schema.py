@@ -165,6 +165,8 @@ class DataConfig:
     solvable_only: bool = True  # keep only mazes the expert solves within generator.max_turns
     long_route_repeats: int = 1  # visrl: a train maze whose route is longer than its env's shortest is drawn this often an epoch
     eval_set: Optional[str] = None  # visrl: another eval set (a .jsonl from --make-dataset)
+    validation_size: int = 0  # visrl: mazes that choose the best adapter at each eval (0: none, the final one is the run's)
+    validation_seed_start: int = 2_000_000  # visrl: above the eval seeds; the eval set never chooses
 
 
 @dataclass

@@ -1,12 +1,18 @@
-"""learning_curve.png: eval solve rate and train reward by step, with the base model's rate and
-the oracle ceiling as reference lines, and the one-line summary printed at the end of a run."""
+"""learning_curve.png: eval (and validation) solve rate and train reward by step, with the base
+model's rate and the oracle ceiling as reference lines, and the one-line summary printed at the
+end of a run."""
 from __future__ import annotations
 
 from pathlib import Path
 
 
-def eval_points(history: list[dict]) -> list[tuple[int, float]]:
-    return [(h["step"], h["eval/all/avg_score"]) for h in history if "eval/all/avg_score" in h]
+def eval_points(history: list[dict], key: str = "eval/all/avg_score") -> list[tuple[int, float]]:
+    return [(h["step"], h[key]) for h in history if key in h]
+
+
+def chosen_step(history: list[dict]) -> int | None:
+    """The step whose adapter the validation set chose last (None without a validation set)."""
+    return next((int(h["eval/validation/best_step"]) for h in reversed(history) if "eval/validation/best_step" in h), None)
 
 
 def summary_line(history: list[dict]) -> str:
@@ -16,8 +22,12 @@ def summary_line(history: list[dict]) -> str:
     base = points[0][1]
     best_step, best = max(points, key=lambda p: (p[1], -p[0]))
     last_step, last = points[-1]
-    return (f"solve rate: baseline {100 * base:.1f}% -> best {100 * best:.1f}% (step {best_step}), "
+    line = (f"solve rate: baseline {100 * base:.1f}% -> best {100 * best:.1f}% (step {best_step}), "
             f"final {100 * last:.1f}% (step {last_step})")
+    chosen = chosen_step(history)
+    if chosen is not None:
+        line += f"; chosen by validation: step {chosen}, {100 * dict(points)[chosen]:.1f}%"
+    return line
 
 
 def plot_learning_curve(history: list[dict], out_path: str, oracle_ceiling: float | None = None,
@@ -34,6 +44,9 @@ def plot_learning_curve(history: list[dict], out_path: str, oracle_ceiling: floa
     if points:
         ax.plot(*zip(*points), "o-", color="tab:green", label="eval solve rate (greedy)")
         ax.axhline(points[0][1], color="grey", ls="--", lw=1, label=f"base model {100 * points[0][1]:.1f}%")
+    validation = eval_points(history, "eval/validation/avg_score")
+    if validation:
+        ax.plot(*zip(*validation), "s:", ms=3, color="tab:purple", label="validation solve rate (chooses the adapter)")
     if oracle_ceiling is not None:
         ax.axhline(oracle_ceiling, color="black", ls=":", lw=1, label=f"oracle ceiling, eval set {100 * oracle_ceiling:.1f}%")
     if env_ceiling is not None and env_ceiling != oracle_ceiling:
