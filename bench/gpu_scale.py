@@ -100,7 +100,8 @@ def workload(model: Path, run: Path, steps: int) -> list[str]:
 def profile_parser(doc: str, timed: str, out: str) -> argparse.ArgumentParser:
     """The command line the in-process profiles share (rollout_profile.py, train_profile.py)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="8b", choices=["2b", "8b"])
+    ap.add_argument("--shape", default="8b", choices=["2b", "8b", "default"],
+                    help="default: the shipped base and configs/default.yaml's workload, on the GPU")
     ap.add_argument("--repeats", type=int, default=2, help=f"{timed} timed after one warm-up")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=out)
@@ -113,6 +114,9 @@ def profile_config(args):
     other overrides reuses it), gpu_scale's one-step workload plus the overrides."""
     from settings.load import load_config
     out = Path(args.out)
+    if args.shape == "default":
+        return out, load_config(None, [f"trainer.run_dir={out}/run", f"data.dataset_dir={out}/run/data",
+                                       "trainer.device=cuda", "trainer.resume_mode=none"] + list(args.overrides))
     if not (out / "model" / "config.json").exists():
         build(args.shape, out / "model")
     return out, load_config(None, workload(out / "model", out / "run", 1) + list(args.overrides))

@@ -4,7 +4,8 @@
 
 Builds a random-weight Qwen3-VL of the shape (bench/gpu_scale.py), loads a random LoRA adapter of
 the workload's shape (r32, all linear layers) and runs gpu_scale's rollout (8 mazes x 8 samples,
-5 turns, 16 sampled tokens, `cell_px=32`) through the real RolloutRunner. Each rollout's wall time
+5 turns, 16 sampled tokens, `cell_px=32`; with `--shape default`, the shipped base and the default
+config's workload) through the real RolloutRunner. Each rollout's wall time
 is split into: decode (prefill and sampling, in `generate` or the engine's own loop with
 `generator.inference_engine.cuda_graphs`; the device synchronised on both sides), picture
 preprocessing, env reset/step, prompt building, and the rest (with `--sleep`, the engine's sleep

@@ -3,9 +3,10 @@
     python bench/train_profile.py [--shape 8b] [--repeats 2] [--top 25] [key=value ...]
 
 Builds a random-weight Qwen3-VL of the shape (bench/gpu_scale.py) and plays one rollout of
-gpu_scale's workload (8 mazes x 8 samples, 5 turns, 16 sampled tokens, `cell_px=32`) through the
-hf engine, so the shard trains on real sequences; the engine is then freed, as a colocated engine
-sleeps. Random weights earn no reward, so each episode gets a random one (GRPO advantages). The
+gpu_scale's workload (8 mazes x 8 samples, 5 turns, 16 sampled tokens, `cell_px=32`; with
+`--shape default`, the shipped base and the default config's workload) through the hf engine,
+so the shard trains on real sequences; the engine is then freed, as a colocated engine sleeps.
+Each episode gets a random reward (random weights earn none; GRPO advantages), so every group trains. The
 shard (the run's LoRA, dtype, micro-batches and gradient checkpointing) then scores the reference
 with its adapter off and trains `--repeats` times after a warm-up; each pass prints its seconds
 and MFU (4 x params x tokens / seconds / 989 TFLOP/s, as gpu_scale counts it). Last, the GPU
@@ -75,7 +76,7 @@ def main():
           f"micro-batches: forward {t.micro_forward_batch_size_per_gpu}, train {t.micro_train_batch_size_per_gpu}; "
           f"gradient checkpointing {t.gradient_checkpointing}", flush=True)
 
-    shard = FSDPPolicyShard(str(out / "model"), device=resolve_device(t.device), lora=asdict(t.policy.model.lora),
+    shard = FSDPPolicyShard(t.policy.model.path, device=resolve_device(t.device), lora=asdict(t.policy.model.lora),
                             optimizer=asdict(t.policy.optimizer_config), total_steps=100, seed=t.seed,
                             threads=int(t.placement.cpus_per_bundle), dtype=compute_dtype(resolve_device(t.device)),
                             gradient_checkpointing=t.gradient_checkpointing)
