@@ -73,12 +73,14 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
     of them in one call (vlm/picture_attention.py); on the GPU, RMSNorms run fused (vlm/fused_norms.py)."""
     from vlm.fused_norms import fuse_rms_norms
     from vlm.picture_attention import batch_picture_attention
+    from vlm.rope_index import vectorize_rope_index
     from vlm.unique_pictures import encode_unique_pictures
     folder = resolve_model_path(path, s3_cfg)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dtype).to(device).eval()
     batch_picture_attention(model)
     encode_unique_pictures(model)
     fuse_rms_norms(model)
+    vectorize_rope_index(model)
     return model, load_processor(folder)
 
 
