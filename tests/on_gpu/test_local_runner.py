@@ -19,3 +19,12 @@ def test_the_in_process_engine_is_bf16_on_a_gpu(tiny_model_dir):
     assert version == 0
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert next(model.parameters()).device.type == "cuda"
+
+
+def test_models_on_a_gpu_attend_without_cudnn_plans(tiny_model_dir):
+    from vlm.load import load_model
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    load_model(tiny_model_dir, device="cpu")
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # a CPU model leaves the process's choice alone
+    load_model(tiny_model_dir, device="cuda", dtype=torch.bfloat16)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
