@@ -93,6 +93,7 @@ def workload(model: Path, run: Path, steps: int) -> list[str]:
             "trainer.policy.model.lora.target_modules=all-linear", "trainer.algorithm.use_kl_loss=true",
             "trainer.algorithm.use_rollout_logprobs=false", "trainer.algorithm.filter_zero_advantage_groups=false",
             "trainer.eval_before_train=false", "trainer.eval_interval=1000", "trainer.hf_save_interval=1000",
+            "data.validation_size=0",
             f"trainer.ckpt_interval={steps}", "trainer.placement.cpus_per_bundle=8",
             "trainer.micro_forward_batch_size_per_gpu=16", "trainer.micro_train_batch_size_per_gpu=16"]
 
