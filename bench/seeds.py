@@ -1,6 +1,7 @@
 """Several seeds of one config, one command: each seed is a real `python driver.py` run in its own
 run folder; then a table per seed and mean +- std (base, best and final eval solve rate, wall
-time) and seeds.png with one eval curve a seed.
+time; with a validation set, the eval solve rate of the adapter it chose) and seeds.png with one
+eval curve a seed.
 
     python bench/seeds.py --seeds 0 1 2 [--parallel 1] [--name default] [--config FILE]
                           [--heldout runs/heldout/eval.jsonl] [--no-run] [key=value ...]
@@ -8,9 +9,10 @@ time) and seeds.png with one eval curve a seed.
 Sequential by default (the 2-core CPU has room for one run); `--parallel K` runs K at once where a
 GPU has room. Each seed writes runs/seeds/<name>/seed_<S>/ (metrics.jsonl, eval/, ...); running
 the command again resumes each seed from its last checkpoint (a finished seed stops at once), and
-the wall time adds up its invocations. `--heldout FILE` also evaluates each seed's final adapter on
-another eval set (greedy, `driver.py --eval-only`; not counted in the wall time); `--no-run` only
-reports on the seeds' folders. Solve rates are split by the mazes' optimal route length.
+the wall time adds up its invocations. `--heldout FILE` also evaluates each seed's final adapter (and
+the one its validation set chose) on another eval set (greedy, `driver.py --eval-only`; not counted
+in the wall time); `--no-run` only reports on the seeds' folders. Solve rates are split by the
+mazes' optimal route length.
 """
 import argparse
 import json
@@ -24,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 
 def driver(args: list[str], log: Path) -> int:
@@ -65,15 +68,22 @@ def run_seed(seed: int, folder: Path, config: str | None, overrides: list[str], 
     result = {"seed": seed, "base": evals[0][1], "best": best[1], "best_step": best[0], "final": evals[-1][1],
               "final_step": evals[-1][0], "curve": evals, "wall_s": wall, "step_s": step_s,
               "final_by_length": by_length(read_jsonl(folder / "eval" / f"step_{evals[-1][0]:05d}.jsonl"))}
+    from telemetry.curve import chosen_step
+    chosen = chosen_step(history)
+    if chosen is not None:
+        result |= {"chosen": dict(evals)[chosen], "chosen_step": chosen,
+                   "chosen_by_length": by_length(read_jsonl(folder / "eval" / f"step_{chosen:05d}.jsonl"))}
     if heldout:
-        adapter = max((folder / "adapters").glob("v*"), key=lambda p: int(p.name[1:]))
-        out = folder / "heldout"
-        if driver(args + ["--eval-only", f"--eval-set={Path(heldout).resolve()}", f"--adapter={adapter}",
-                          f"trainer.run_dir={out}"], folder / "heldout.log"):
-            raise SystemExit(f"seed {seed}: the held-out eval failed; see {folder / 'heldout.log'}")
-        per_maze = read_jsonl(out / "eval_only.jsonl")
-        result |= {"heldout": sum(m["solved"] for m in per_maze) / len(per_maze), "heldout_adapter": adapter.name,
-                   "heldout_by_length": by_length(per_maze)}
+        final = max((folder / "adapters").glob("v*"), key=lambda p: int(p.name[1:]))
+        adapters = {"heldout": final} | ({"heldout_chosen": folder / "exports" / "best" / "policy"} if chosen else {})
+        for key, adapter in adapters.items():
+            out = folder / key
+            if driver(args + ["--eval-only", f"--eval-set={Path(heldout).resolve()}", f"--adapter={adapter}",
+                              f"trainer.run_dir={out}"], folder / f"{key}.log"):
+                raise SystemExit(f"seed {seed}: the held-out eval failed; see {folder / f'{key}.log'}")
+            per_maze = read_jsonl(out / "eval_only.jsonl")
+            result |= {key: sum(m["solved"] for m in per_maze) / len(per_maze), f"{key}_by_length": by_length(per_maze)}
+        result["heldout_adapter"] = final.name
     return result
 
 
@@ -83,7 +93,9 @@ def plot(results: list[dict], out: Path, title: str) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for r in results:
-        ax.plot(*zip(*r["curve"]), "o-", ms=3, label=f"seed {r['seed']}: final {100 * r['final']:.1f}%")
+        line, = ax.plot(*zip(*r["curve"]), "o-", ms=3, label=f"seed {r['seed']}: final {100 * r['final']:.1f}%")
+        if "chosen" in r:  # the adapter its validation set chose
+            ax.plot(r["chosen_step"], r["chosen"], "*", ms=11, color=line.get_color())
     ax.axhline(0.9, color="grey", ls=":", lw=1)
     ax.set_xlabel("step")
     ax.set_ylabel("eval solve rate (greedy)")
@@ -110,22 +122,29 @@ def main():
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(lambda s: run_seed(s, base / f"seed_{s}", args.config, args.overrides, args.heldout,
                                                    not args.no_run), args.seeds))
-    held = args.heldout is not None
-    print("| seed | base | best (step) | final (step) | final by route length |"
-          + (" held-out, final adapter | held-out by route length |" if held else "")
-          + f" wall |   ({args.name}: {' '.join(args.overrides) or 'as configured'})")
-    print("|---|---|---|---|---|" + ("---|---|" if held else "") + "---|")
+    # (title, the result's key, its route-length split): columns a seed has only with a validation set
+    # (chosen) or --heldout are printed when every seed has them
+    columns = [("base", "base", None), ("best (step)", "best", None), ("final (step)", "final", "final_by_length"),
+               ("chosen by validation (step)", "chosen", "chosen_by_length"),
+               ("held-out, final adapter", "heldout", "heldout_by_length"),
+               ("held-out, chosen adapter", "heldout_chosen", "heldout_chosen_by_length")]
+    columns = [c for c in columns if all(c[1] in r for r in results)]
+    steps = {"best": "best_step", "final": "final_step", "chosen": "chosen_step"}
+
+    def cell(r, key, split):
+        step = f" ({r[steps[key]]})" if key in steps else ""
+        return f"{100 * r[key]:.1f}%{step}" + (f", {r[split]}" if split else "")
+    print("| seed | " + " | ".join(title for title, _, _ in columns) + " | wall |   "
+          + f"({args.name}: {' '.join(args.overrides) or 'as configured'})")
+    print("|---" * (len(columns) + 2) + "|")
     for r in results:
-        print(f"| {r['seed']} | {100 * r['base']:.1f}% | {100 * r['best']:.1f}% ({r['best_step']}) | "
-              f"{100 * r['final']:.1f}% ({r['final_step']}) | {r['final_by_length']} | "
-              + (f"{100 * r['heldout']:.1f}% ({r['heldout_adapter']}) | {r['heldout_by_length']} | " if held else "")
-              + f"{r['wall_s'] / 60:.1f} min |")
-    keys = ("base", "best", "final") + (("heldout",) if held else ())
-    cols = {k: np.array([r[k] for r in results]) for k in keys + ("wall_s",)}
-    pct = {k: f"{100 * cols[k].mean():.1f} +- {100 * cols[k].std():.1f}%" for k in keys}
-    print(f"| mean +- std | {pct['base']} | {pct['best']} | {pct['final']} | |"
-          + (f" {pct['heldout']} | |" if held else "")
-          + f" {cols['wall_s'].mean() / 60:.1f} +- {cols['wall_s'].std() / 60:.1f} min |")
+        print(f"| {r['seed']} | " + " | ".join(cell(r, k, split) for _, k, split in columns)
+              + f" | {r['wall_s'] / 60:.1f} min |")
+    cols = {k: np.array([r[k] for r in results]) for _, k, _ in columns}
+    print("| mean +- std | " + " | ".join(f"{100 * cols[k].mean():.1f} +- {100 * cols[k].std():.1f}%"
+                                          for _, k, _ in columns)
+          + f" | {np.mean([r['wall_s'] for r in results]) / 60:.1f} +- "
+            f"{np.std([r['wall_s'] for r in results]) / 60:.1f} min |")
     plot(results, base / "seeds.png", f"{args.name}: final {100 * cols['final'].mean():.1f} +- "
                                       f"{100 * cols['final'].std():.1f}% over seeds {args.seeds}")
     (base / "seeds.json").write_text(json.dumps(results, indent=2))

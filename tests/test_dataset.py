@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from envs.dataset import load_rows, make_rows, write_dataset
 from rl.sampler import PromptSampler, repeat_long_routes
 from settings import load_config
@@ -38,6 +40,19 @@ def test_splits_are_disjoint_and_filter_is_recorded(tmp_path):
     assert unfiltered["splits"]["train"]["skipped_by_filter"] == 0
     rows = load_rows(tmp_path / "all" / "train.jsonl")
     assert [r["seed"] for r in rows] == list(range(10)) and len(rows[0]["maze"]) == 11
+
+
+def test_the_validation_split_has_its_own_seeds_above_the_eval_set(tmp_path):
+    m = write_dataset(tmp_path, "maze_2d/easy", 20, 10, 0, 1000, 20, True, validation_size=12, validation_seed_start=5000)
+    splits = {name: load_rows(tmp_path / f"{name}.jsonl") for name in ("train", "eval", "validation")}
+    seeds = {name: {r["seed"] for r in rows} for name, rows in splits.items()}
+    assert len(splits["validation"]) == 12 and min(seeds["validation"]) >= 5000
+    assert not seeds["validation"] & (seeds["train"] | seeds["eval"])
+    assert m["splits"]["validation"]["sha256"] == hashlib.sha256((tmp_path / "validation.jsonl").read_bytes()).hexdigest()
+    assert "validation" not in write_dataset(tmp_path / "none", "maze_2d/easy", 4, 4, 0, 1000, 20, True)["splits"]
+    with pytest.raises(ValueError, match="validation_seed_start .* above the eval seeds"):
+        write_dataset(tmp_path / "bad", "maze_2d/easy", 4, 4, 0, 1000, 20, True, validation_size=4,
+                      validation_seed_start=1002)
 
 
 def test_rows_rebuild_their_maze(tmp_path):

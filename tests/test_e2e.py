@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def tiny_run_args(model_dir, run):
     return [f"trainer.policy.model.path={model_dir}", f"trainer.run_dir={run}", f"data.dataset_dir={run}/data",
-            "data.train_size=4", "data.eval_size=4", "data.solvable_only=false", "trainer.train_batch_size=2",
+            "data.train_size=4", "data.eval_size=4", "data.validation_size=2", "data.solvable_only=false",
+            "trainer.train_batch_size=2",
             "trainer.policy_mini_batch_size=1", "trainer.epochs=1", "generator.n_samples_per_prompt=2",
             "generator.max_turns=3", f"trainer.export_path={run}/exports", f"trainer.ckpt_path={run}/ckpts",
             "trainer.hf_save_interval=1", "trainer.eval_interval=1", "trainer.placement.cpus_per_bundle=1",
@@ -47,6 +48,15 @@ def test_two_grpo_steps_through_ray_actors(tiny_model_dir, tmp_path):
     # each evaluation's per-maze file carries the step its metrics were logged at
     evaluated = [h["step"] for h in history if "eval/all/avg_score" in h]
     assert sorted(p.name for p in (run / "eval").glob("step_*.jsonl")) == [f"step_{s:05d}.jsonl" for s in evaluated]
+    # the validation set chose the first adapter that no later one beat, exported with its scores
+    scores = [(h["step"], h["eval/validation/avg_score"]) for h in history if "eval/validation/avg_score" in h]
+    assert [s for s, _ in scores] == [1, 2]
+    chosen = max(scores, key=lambda p: (p[1], -p[0]))
+    selection = json.loads((run / "exports" / "best" / "selection.json").read_text())
+    assert (selection["step"], selection["validation"]) == chosen and history[-1]["eval/validation/best_step"] == chosen[0]
+    assert selection["eval"] == next(h["eval/all/avg_score"] for h in history if h["step"] == chosen[0])
+    assert f"chosen by validation: step {chosen[0]}" in out.stdout
+    assert sorted(p.name for p in (run / "validation").glob("step_*.jsonl")) == ["step_00001.jsonl", "step_00002.jsonl"]
     # the exported adapter is a PEFT adapter that peft itself loads
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
@@ -54,6 +64,8 @@ def test_two_grpo_steps_through_ray_actors(tiny_model_dir, tmp_path):
     base = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
     model = PeftModel.from_pretrained(base, str(export))
     assert any("lora_A" in n for n, _ in model.named_parameters())
+    assert (run / "exports" / "best" / "policy" / "adapter_model.safetensors").read_bytes() == \
+        (run / "exports" / f"global_step_{chosen[0]}" / "policy" / "adapter_model.safetensors").read_bytes()
     cfg = json.loads((export / "adapter_config.json").read_text())
     assert cfg["peft_type"] == "LORA" and cfg["base_model_name_or_path"] == tiny_model_dir
 

@@ -58,3 +58,14 @@ def test_user_error(files, args, words, capsys, monkeypatch):
     for w in words:
         assert w.format(t=files) in lines[0], (w, lines[0])
     assert not run.exists()  # nothing written: no run folder, no dataset
+
+
+def test_a_dataset_folder_without_the_validation_split_names_the_fix(tmp_path, capsys):
+    from envs.dataset import write_dataset
+    old = tmp_path / "old_data"  # written before validation sets: train and eval only
+    write_dataset(old, "maze_2d/easy", 8, 4, 0, 1_000_000, 20, True)
+    run = tmp_path / "run"
+    assert driver.main([f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.validation_size=8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(old) in err[0] and "without a validation split" in err[0]
+    assert "data.validation_size=0" in err[0] and not run.exists()
