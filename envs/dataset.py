@@ -3,9 +3,9 @@
 Each row is one maze: seed, env id, layout, start, goal and the optimal move count. Rows come
 from disjoint seed ranges (train from `train_seed_start`, eval from `eval_seed_start`, and an
 optional validation split, which chooses the run's best adapter, from `validation_seed_start`),
-and the same arguments always give byte-identical files. With `solvable_only`, a seed is kept only when
-the BFS expert finishes within `max_turns` turns (its moves plus the final stop); the manifest
-records the filter and how many seeds it skipped.
+and the same arguments always give byte-identical files. With `solvable_only`, a seed is kept
+only when the BFS expert finishes within `max_turns` turns (its moves plus the final stop); the
+manifest records the filter and how many seeds it skipped.
 """
 from __future__ import annotations
 

@@ -118,9 +118,15 @@ class Fleet:
         adapter = AdapterRef(str(folder), version) if version else None
         if adapter:
             self.engines.load_adapter(adapter)
-        state.restore(trainer_state, adapter)
+        state.restore(trainer_state, adapter, self.exported_best())
         self.durable_step, self.save_failed = state.step, False
         return time.perf_counter() - started
+
+    def exported_best(self) -> dict | None:
+        """The selection.json of the adapter the validation set chose (driver.choose_adapter), if any."""
+        from storage import open_store
+        store = open_store(self.cfg.trainer.export_path, self.cfg.s3)
+        return json.loads(store.get_bytes("best/selection.json")) if store.exists("best/selection.json") else None
 
     def checkpoint(self, state: RunState, config_yaml: str) -> dict:
         """Save the full training state of `state.step`, in at most trainer.ckpt_timeout_s. A failed

@@ -2,7 +2,7 @@
 hold, the data position and the best adapter so far by the validation set. Two things write it: a
 finished step (driver.grpo_step marks the step and adapter, and at an eval the best; the sampler
 moves as it hands out batches) and a restore from a checkpoint (placement.fleet.Fleet.restore),
-whose snapshot it is."""
+whose snapshot it is (the best adapter's record is its export's selection.json)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,12 +25,15 @@ class RunState:
     def snapshot(self, total_steps: int, config_yaml: str) -> dict:
         """The trainer_state.json of a checkpoint."""
         return {"global_step": self.step, "adapter_version": self.version, "total_steps": total_steps,
-                "sampler": self.sampler.state_dict(), "best": self.best, "config": config_yaml}
+                "sampler": self.sampler.state_dict(), "config": config_yaml}
 
-    def restore(self, trainer_state: dict, adapter: AdapterRef | None) -> None:
+    def restore(self, trainer_state: dict, adapter: AdapterRef | None, best: dict | None = None) -> None:
+        """`best`: the selection.json of the adapter exported as <export_path>/best, if any. The export,
+        not the checkpoint, records the choice: it can be newer than the checkpoint (chosen after it,
+        then those steps were lost to a fault), and it stays the run's choice, so later adapters are
+        compared with the one actually exported."""
         self.sampler.load_state_dict(trainer_state["sampler"])
-        self.step, self.adapter = int(trainer_state["global_step"]), adapter
-        self.best = trainer_state.get("best")  # checkpoints written before validation sets have none
+        self.step, self.adapter, self.best = int(trainer_state["global_step"]), adapter, best
 
     def reset(self) -> None:
         """Back to the start: step 0, the base model, the first batch of epoch 0."""
