@@ -11,27 +11,20 @@ path, so the CPU default's figures stay bitwise the same.
 """
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
+
+from vlm.patching import replace_method
 
 
 def fuse_rms_norms(model) -> int:
     """Give every RMSNorm of `model` written as transformers' (a `weight` and a `variance_epsilon`)
     the fused forward for CUDA tensors; returns how many."""
-    fused = 0
-    for module in model.modules():
-        if (type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
-                and isinstance(getattr(module, "weight", None), torch.Tensor)
-                and not getattr(module, "_fused_rms_norm", False)):
-            module.forward = types.MethodType(_fused_forward(type(module).forward), module)
-            module._fused_rms_norm = True
-            fused += 1
-    return fused
+    return replace_method(model, "forward", lambda _, m: type(m).__name__.endswith("RMSNorm") and hasattr(
+        m, "variance_epsilon") and isinstance(getattr(m, "weight", None), torch.Tensor), _fused_forward)
 
 
-def _fused_forward(transformers_forward):
+def _fused_forward(transformers_forward, module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if not hidden_states.is_cuda or hidden_states.dtype != self.weight.dtype:
             return transformers_forward(self, hidden_states)

@@ -12,25 +12,28 @@ or another attention implementation, takes transformers' own path.
 from __future__ import annotations
 
 import sys
-import types
 
 import torch
 import torch.nn.functional as F
 
+from vlm.patching import replace_method
+
 
 def batch_picture_attention(model) -> int:
     """Give every Qwen-VL vision attention module of `model` the one-call forward; returns how many."""
-    patched = 0
-    for module in model.modules():
-        rotary = getattr(sys.modules[type(module).__module__], "apply_rotary_pos_emb_vision", None)
-        if (type(module).__name__.endswith("VisionAttention") and rotary is not None
-                and all(hasattr(module, a) for a in ("qkv", "proj", "num_heads", "scaling", "config"))):
-            module.forward = types.MethodType(_one_call_forward(type(module).forward, rotary), module)
-            patched += 1
-    return patched
+    return replace_method(model, "forward", lambda _, m: type(m).__name__.endswith("VisionAttention")
+                          and _vision_rotary(m) is not None
+                          and all(hasattr(m, a) for a in ("qkv", "proj", "num_heads", "scaling", "config")),
+                          _one_call_forward)
 
 
-def _one_call_forward(transformers_forward, rotary):
+def _vision_rotary(module):
+    return getattr(sys.modules[type(module).__module__], "apply_rotary_pos_emb_vision", None)
+
+
+def _one_call_forward(transformers_forward, module):
+    rotary = _vision_rotary(module)
+
     def forward(self, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, **kwargs) -> torch.Tensor:
         patches = hidden_states.shape[0]

@@ -10,26 +10,20 @@ result is the same integers, so every figure stays bitwise the same (tests/test_
 """
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import torch
+
+from vlm.patching import replace_method
 
 
 def vectorize_rope_index(model) -> int:
     """Give every Qwen-VL inner model of `model` (a `get_rope_index` and a vision config) the
     numpy version; returns how many."""
-    patched = 0
-    for module in model.modules():
-        if (hasattr(module, "get_rope_index") and hasattr(getattr(module, "config", None), "vision_config")
-                and not getattr(module, "_rope_index_vectorized", False)):
-            module.get_rope_index = types.MethodType(_rope_index(type(module).get_rope_index), module)
-            module._rope_index_vectorized = True
-            patched += 1
-    return patched
+    return replace_method(model, "get_rope_index", lambda _, m: hasattr(m, "get_rope_index") and hasattr(
+        getattr(m, "config", None), "vision_config"), _rope_index)
 
 
-def _rope_index(transformers_rope_index):
+def _rope_index(transformers_rope_index, module):
     def get_rope_index(self, input_ids, mm_token_type_ids=None, image_grid_thw=None, video_grid_thw=None,
                        attention_mask=None, **kwargs):
         if (video_grid_thw is not None or mm_token_type_ids is None or image_grid_thw is None

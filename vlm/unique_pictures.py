@@ -14,22 +14,17 @@ before.
 from __future__ import annotations
 
 import functools
-import types
 
 import numpy as np
 import torch
+
+from vlm.patching import replace_method
 
 
 def encode_unique_pictures(model) -> int:
     """Give the vision tower(s) of `model` (modules named `visual`) the forward that encodes each
     distinct picture once; returns how many were wrapped."""
-    wrapped = 0
-    for name, module in model.named_modules():
-        if name.split(".")[-1] == "visual" and not getattr(module, "_unique_pictures", False):
-            module.forward = types.MethodType(_unique_forward(type(module).forward), module)
-            module._unique_pictures = True
-            wrapped += 1
-    return wrapped
+    return replace_method(model, "forward", lambda name, _: name.split(".")[-1] == "visual", _unique_forward)
 
 
 def distinct_pictures(patches: torch.Tensor, grid_thw: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -77,7 +72,7 @@ def _weights(length: int, device: torch.device) -> torch.Tensor:
     return torch.randint(1, 2**62, (length,), generator=torch.Generator().manual_seed(0)).to(device)
 
 
-def _unique_forward(tower_forward):
+def _unique_forward(tower_forward, module):
     def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs):
         if any(torch.is_tensor(v) for v in kwargs.values()):  # precomputed per-picture inputs (cu_seqlens, ...)
             return tower_forward(self, hidden_states, grid_thw=grid_thw, **kwargs)
