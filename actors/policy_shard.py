@@ -69,7 +69,7 @@ class FSDPPolicyShard:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = get_peft_model(base, lora_config(self.lora_cfg))
         self.model.train()
-        shard_model(self.model, self.device, self.cpu_offload, bf16_compute=self.bf16_compute)
+        shard_model(self.model, self.device, self.world_size, self.cpu_offload, bf16_compute=self.bf16_compute)
         # a step's passes (reference, old policy, each update epoch) show the same pictures
         self.pictures = PicturePreprocessor(self.processor.image_processor, self.dtype)
         params = [p for p in self.model.parameters() if p.requires_grad]

@@ -31,7 +31,7 @@ class RefShard:
                                                 self.s3_cfg)
         for p in self.model.parameters():
             p.requires_grad_(False)
-        shard_model(self.model, self.device, self.cpu_offload)
+        shard_model(self.model, self.device, self.world_size, self.cpu_offload)
 
     def logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> dict[int, np.ndarray]:
         """{item key: the reference's log-probs of its sampled tokens}."""

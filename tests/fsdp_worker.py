@@ -47,10 +47,13 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
                   "policy_after": shard.logprobs(mine, 1.0, 2)}
     shard.save_adapter(os.path.join(out_dir, "adapter"))
     state = shard.state_dict()
+    from torch.distributed.fsdp import FSDPModule
+    fsdp_units = sum(isinstance(m, FSDPModule) for m in shard.model.modules())
     if rank == 0:
         with open(os.path.join(out_dir, "result.pkl"), "wb") as f:
             pickle.dump({"metrics": metrics, "before": before, "optimizer_steps": state["optimizer_steps"],
-                         "state": state, "layer_calls": len(calls), "references": references}, f)
+                         "state": state, "layer_calls": len(calls), "references": references,
+                         "fsdp_units": fsdp_units}, f)
     shard.shutdown()
 
 

@@ -59,6 +59,8 @@ def test_two_shards_match_one(tiny_model_dir, tmp_path):
     batch = make_items(tiny_model_dir)
     one, lora_one = train_with(1, tiny_model_dir, tmp_path, batch)
     two, lora_two = train_with(2, tiny_model_dir, tmp_path, batch)
+    # one shard is a plain module (FSDP would split nothing); two shard every block and the root
+    assert one["fsdp_units"] == 0 and two["fsdp_units"] > 2
     assert one["optimizer_steps"] == two["optimizer_steps"] == 2  # two mini-batches of one prompt each
     assert one["metrics"]["rollout_k3"] > 0  # the engine-vs-trainer gap is measured with rollout log-probs too
     for key in ("policy_loss", "policy_kl", "grad_norm", "entropy", "rollout_logprob_diff", "rollout_k3"):
@@ -78,13 +80,14 @@ def test_two_shards_match_one(tiny_model_dir, tmp_path):
     assert moved > 0
 
 
-def test_bf16_shard_trains_after_scoring_the_reference(tiny_model_dir, tmp_path):
-    """In bf16 (fp32 LoRA weights, FSDP2 mixed precision) a shard whose first forward scores the
-    reference with the adapter off still trains: PEFT's disable_adapter() cleared the adapter's
-    requires_grad there, and FSDP2 then left bf16 gradients on fp32 weights. Each picture is
-    preprocessed once for both passes."""
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_bf16_shard_trains_after_scoring_the_reference(tiny_model_dir, tmp_path, world_size):
+    """In bf16 (fp32 LoRA weights; FSDP2 mixed precision on two shards, PEFT's own casts on one) a
+    shard whose first forward scores the reference with the adapter off still trains: PEFT's
+    disable_adapter() cleared the adapter's requires_grad there, and FSDP2 then left bf16 gradients
+    on fp32 weights. Each picture is preprocessed once for both passes."""
     from tests.fsdp_worker import reference_then_train_bf16
-    out = spawn_on_items(reference_then_train_bf16, 1, tiny_model_dir, tmp_path, make_items(tiny_model_dir))
+    out = spawn_on_items(reference_then_train_bf16, world_size, tiny_model_dir, tmp_path, make_items(tiny_model_dir))
     result = pickle.loads((out / "result.pkl").read_bytes())
     assert result["metrics"]["grad_norm"] > 0 and result["metrics"]["optimizer_steps"] == 2
     assert result["preprocessed"] == result["distinct_pictures"] > 0
