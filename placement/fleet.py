@@ -72,8 +72,7 @@ class Fleet:
         self.actors = launch(self.cfg, self.plan, self.cfg.trainer.policy.model.path, self.total_steps)
         self.engines = EngineClient(self.actors.engines)
         self.trainer = TrainingClient(self.actors.policy, self.actors.ref,
-                                      ref_from_policy=self.cfg.trainer.algorithm.use_kl_loss
-                                      and self.cfg.trainer.ref.from_policy_base)
+                                      ref_from_policy=self.cfg.trainer.ref_source() == "policy")
         self.env = Sync(self.actors.env_pool)
         self.runner = RolloutRunner.from_config(self.cfg, self.engines.generate, self.prompter, self.env)
 

@@ -70,7 +70,7 @@ def _slot(role: str, rank: int, share: float, cpus: float, use_gpu: bool) -> Slo
 def make_plan(cfg: Config, use_gpu: bool) -> Plan:
     p, eng = cfg.trainer.placement, cfg.generator.inference_engine
     cpus = p.cpus_per_bundle
-    with_ref = cfg.trainer.algorithm.use_kl_loss and not cfg.trainer.ref.from_policy_base
+    with_ref = cfg.trainer.ref_source() == "shards"
     if p.colocate_all:
         pools = []
         for node in range(p.policy_num_nodes):

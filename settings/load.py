@@ -175,7 +175,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"trainer.placement.colocate_all=true needs generator.inference_engine.num_engines x "
             f"tensor_parallel_size ({engine_gpus}) == policy_num_nodes x policy_num_gpus_per_node ({policy_gpus})")
-    ref_shards = t.algorithm.use_kl_loss and not t.ref.from_policy_base
+    ref_shards = t.ref_source() == "shards"
     if p.colocate_all and ref_shards and p.ref_num_nodes * p.ref_num_gpus_per_node != policy_gpus:
         raise ConfigError("trainer.placement.colocate_all=true needs as many ref devices "
                           "(ref_num_nodes x ref_num_gpus_per_node) as policy devices")

@@ -106,6 +106,13 @@ class TrainerConfig:
     ref: RefConfig = field(default_factory=RefConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
 
+    def ref_source(self) -> str:
+        """Who scores the KL term's reference: "none" without a KL loss, "policy" for the policy
+        shards' frozen base with the adapter off (`ref.from_policy_base`), else "shards" (RefShards)."""
+        if not self.algorithm.use_kl_loss:
+            return "none"
+        return "policy" if self.ref.from_policy_base else "shards"
+
 
 @dataclass
 class SamplingParams:
