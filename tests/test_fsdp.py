@@ -82,8 +82,8 @@ def test_two_shards_match_one(tiny_model_dir, tmp_path):
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_bf16_shard_trains_after_scoring_the_reference(tiny_model_dir, tmp_path, world_size):
-    """In bf16 (fp32 LoRA weights; FSDP2 mixed precision on two shards, PEFT's own casts on one) a
-    shard whose first forward scores the reference with the adapter off still trains: PEFT's
+    """In bf16 (fp32 LoRA weights computed in bf16: FSDP2's mixed precision on two shards, autocast
+    on one) a shard whose first forward scores the reference with the adapter off still trains: PEFT's
     disable_adapter() cleared the adapter's requires_grad there, and FSDP2 then left bf16 gradients
     on fp32 weights. Each picture is preprocessed once for both passes."""
     from tests.fsdp_worker import reference_then_train_bf16
