@@ -328,11 +328,8 @@ def dry_run(cfg) -> int:
 
 
 def make_dataset(cfg, out_dir: str) -> int:
-    from envs.dataset import write_dataset
-    d = cfg.data
-    manifest = write_dataset(out_dir, cfg.environment.env_class, d.train_size, d.eval_size, d.train_seed_start,
-                             d.eval_seed_start, cfg.generator.max_turns, d.solvable_only, d.validation_size,
-                             d.validation_seed_start)
+    from rl.inputs import write_run_dataset
+    manifest = write_run_dataset(cfg, out_dir)
     print(json.dumps(manifest["splits"], indent=2))
     print(f"wrote {', '.join(str(Path(out_dir) / s['file']) for s in manifest['splits'].values())}, manifest.json")
     return 0

@@ -23,21 +23,29 @@ def shortest_route(env_id: str) -> int:
 
 
 def make_rows(env_id: str, seed_start: int, count: int, max_turns: int, solvable_only: bool,
-              seed_limit: int | None = None):
-    """Return (rows, seeds scanned). Seeds are scanned upwards from seed_start."""
+              seed_limit: int | None = None, long_route_share: float | None = None):
+    """Return (rows, seeds scanned). Seeds are scanned upwards from seed_start. With
+    long_route_share, that share of the rows (rounded) has a route longer than the env's shortest
+    and the rest the shortest; a seed whose kind is already full is skipped."""
     shortest = shortest_route(env_id)
     if solvable_only and shortest + 1 > max_turns:
         raise ValueError(f"no {env_id} maze is solvable within max_turns={max_turns}: every route needs at least "
                          f"{shortest} moves plus the stop; raise generator.max_turns or set data.solvable_only=false")
     env = MazeEnv(size=SIZES[env_id], cell_px=4, max_turns=max_turns)
     rows, seed = [], seed_start
+    room = None if long_route_share is None else {True: round(long_route_share * count)}
+    if room is not None:
+        room[False] = count - room[True]
     while len(rows) < count:
         if seed_limit is not None and seed >= seed_limit:
             raise ValueError(f"seed range [{seed_start}, {seed_limit}) holds only {len(rows)} "
                              f"usable mazes, {count} asked for; move the eval seed range further away")
         env.reset(seed=seed)
         moves = env.optimal_moves()
-        if not solvable_only or moves + 1 <= max_turns:
+        kind = moves > shortest
+        if (not solvable_only or moves + 1 <= max_turns) and (room is None or room[kind] > 0):
+            if room is not None:
+                room[kind] -= 1
             rows.append({"seed": seed, "env_id": env_id, "maze": env.maze.tolist(),
                          "start": list(env.agent), "goal": list(env.target), "optimal_moves": moves})
         seed += 1
@@ -58,13 +66,13 @@ def rows_bytes(rows) -> bytes:
 
 def write_dataset(out_dir, env_id: str, train_size: int, eval_size: int, train_seed_start: int,
                   eval_seed_start: int, max_turns: int, solvable_only: bool, validation_size: int = 0,
-                  validation_seed_start: int = 0) -> dict:
+                  validation_seed_start: int = 0, long_route_share: float | None = None) -> dict:
     if eval_seed_start < train_seed_start:
         raise ValueError("eval_seed_start must be above train_seed_start (disjoint ranges)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     train, train_scanned = make_rows(env_id, train_seed_start, train_size, max_turns, solvable_only,
-                                     seed_limit=eval_seed_start)
+                                     seed_limit=eval_seed_start, long_route_share=long_route_share)
     evals, eval_scanned = make_rows(env_id, eval_seed_start, eval_size, max_turns, solvable_only)
     splits = [("train", train, train_seed_start, train_scanned), ("eval", evals, eval_seed_start, eval_scanned)]
     if validation_size:
@@ -75,7 +83,8 @@ def write_dataset(out_dir, env_id: str, train_size: int, eval_size: int, train_s
         splits.append(("validation", validation, validation_seed_start, scanned))
     manifest = {"env_id": env_id, "max_turns": max_turns,
                 "filter": {"solvable_only": solvable_only,
-                           "rule": "BFS optimal moves + 1 stop <= max_turns" if solvable_only else None},
+                           "rule": "BFS optimal moves + 1 stop <= max_turns" if solvable_only else None,
+                           "train_long_route_share": long_route_share},
                 "splits": {}}
     for name, rows, start, scanned in splits:
         data = rows_bytes(rows)

@@ -46,6 +46,14 @@ def read_rows(path, name: str, env_id: str) -> list[dict]:
     return rows
 
 
+def write_run_dataset(cfg, folder) -> dict:
+    """Write the config's train, eval (and validation) sets into folder; return the manifest."""
+    d = cfg.data
+    return write_dataset(folder, cfg.environment.env_class, d.train_size, d.eval_size, d.train_seed_start,
+                         d.eval_seed_start, cfg.generator.max_turns, d.solvable_only, d.validation_size,
+                         d.validation_seed_start, d.long_route_share)
+
+
 def load_datasets(cfg, eval_set: str | None = None) -> tuple[list[dict], list[dict]]:
     """The run's train and eval rows. A chosen eval set is checked first; the run's own dataset
     folder is written on first use."""
@@ -55,8 +63,7 @@ def load_datasets(cfg, eval_set: str | None = None) -> tuple[list[dict], list[di
         eval_rows = read_rows(chosen, "--eval-set" if eval_set else "data.eval_set", env_id)
     folder = Path(d.dataset_dir)
     if not (folder / "manifest.json").exists():
-        write_dataset(folder, env_id, d.train_size, d.eval_size, d.train_seed_start, d.eval_seed_start,
-                      cfg.generator.max_turns, d.solvable_only, d.validation_size, d.validation_seed_start)
+        write_run_dataset(cfg, folder)
     train_rows = read_rows(folder / "train.jsonl", "data.dataset_dir", env_id)
     if not chosen:
         eval_rows = read_rows(folder / "eval.jsonl", "data.dataset_dir", env_id)

@@ -146,6 +146,10 @@ def validate(cfg: Config) -> None:
     if cfg.data.validation_size < 0:
         raise ConfigError(f"config key 'data.validation_size' must be >= 0 (0 = no validation set); "
                           f"got {cfg.data.validation_size}")
+    share = cfg.data.long_route_share
+    if share is not None and not 0 <= share <= 1:
+        raise ConfigError(f"config key 'data.long_route_share' must be between 0 and 1 (or null: the mazes as "
+                          f"drawn); got {share}")
     if t.eval_batch_size < 0:
         raise ConfigError(f"config key 'trainer.eval_batch_size' must be >= 0 (0 = all mazes at once); got {t.eval_batch_size}")
     if t.ckpt_timeout_s <= 0:

@@ -88,6 +88,22 @@ def test_env_ceiling_is_the_unfiltered_share_of_solvable_mazes():
     assert env_ceiling("maze_2d/hard", 49, 100) == 1.0  # 25 rooms: at most 48 moves and the stop
 
 
+def test_long_route_share_sets_the_train_mix_from_fresh_seeds(tmp_path):
+    natural, _ = make_rows("maze_2d/easy", 0, 40, 20, solvable_only=True)
+    assert sum(r["optimal_moves"] > 12 for r in natural) < 20  # long routes are the minority as drawn
+    for share, want_long in ((0.5, 20), (0.0, 0), (1.0, 40), (0.33, 13)):
+        rows, scanned = make_rows("maze_2d/easy", 0, 40, 20, solvable_only=True, long_route_share=share)
+        seeds = [r["seed"] for r in rows]
+        assert len(rows) == 40 and seeds == sorted(set(seeds))  # distinct mazes, none repeated
+        assert sum(r["optimal_moves"] > 12 for r in rows) == want_long
+        assert all(r["optimal_moves"] + 1 <= 20 for r in rows)
+    # the first seeds of each kind, as the natural draw would give them
+    assert [r["seed"] for r in rows if r["optimal_moves"] > 12][:3] == [r["seed"] for r in natural if r["optimal_moves"] > 12][:3]
+    m = write_dataset(tmp_path, "maze_2d/easy", 40, 8, 0, 1000, 20, True, long_route_share=0.5)
+    assert m["filter"]["train_long_route_share"] == 0.5 and m["splits"]["train"]["optimal_moves"] == {"12": 20, "16": 20}
+    assert m["splits"]["eval"]["seed_range"][0] == 1000 and sum(m["splits"]["eval"]["optimal_moves"].values()) == 8
+
+
 def test_long_routes_are_drawn_repeats_times_an_epoch():
     rows, _ = make_rows("maze_2d/easy", 0, 40, 20, solvable_only=True)
     long = [r["seed"] for r in rows if r["optimal_moves"] > 12]
