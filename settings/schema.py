@@ -170,7 +170,7 @@ class DataConfig:
     train_seed_start: int = 0
     eval_seed_start: int = 1_000_000
     solvable_only: bool = True  # keep only mazes the expert solves within generator.max_turns
-    long_route_share: Optional[float] = None  # visrl: share of train mazes whose route is longer than the env's shortest (None: as drawn)
+    long_route_share: Optional[float] = None  # visrl: share of train mazes with a route longer than the shortest
     long_route_repeats: int = 1  # visrl: a train maze whose route is longer than its env's shortest is drawn this often an epoch
     eval_set: Optional[str] = None  # visrl: another eval set (a .jsonl from --make-dataset)
     validation_size: int = 0  # visrl: mazes that choose the best adapter at each eval (0: none, the final one is the run's)
