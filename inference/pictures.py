@@ -7,19 +7,83 @@ the picture alone, so it is kept, keyed by the picture's bytes, and reused. With
 `generator.context_pictures=1` no picture is shown twice, and the engine keeps none (max_bytes 0).
 The policy shard keeps one as well: a step's passes (reference, old policy, each update epoch)
 show the same pictures.
+
+The processor itself works one picture at a time in numpy (rescale in float64, normalise in
+float32, patchify with a temporal copy): ~1-2 ms a small picture, most of a rollout's host time on
+a GPU. For uint8 RGB pictures it does not resize (the maze renders are drawn at a multiple of the
+patch size), its output for a pixel depends only on the value and the channel, so `PatchTable`
+computes those 256 x 3 numbers once with the processor's own rescale and normalize and patchifies
+a whole batch by lookup: the same numbers, bit for bit (tests/test_pictures.py). Anything else
+goes to the processor.
 """
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections import OrderedDict
 
 import numpy as np
 import torch
 
+_SAME_SIZE_INTS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class PatchTable:
+    """The Qwen2-VL image processor (PIL or slow numpy backend) as a lookup, for uint8 RGB pictures
+    it keeps at their size; `__call__` gives None for any other batch."""
+
+    def __init__(self, image_processor, dtype: torch.dtype):
+        p = image_processor
+        self.p = p
+        self.patch, self.merge, self.temporal = p.patch_size, p.merge_size, p.temporal_patch_size
+        values = np.broadcast_to(np.arange(256, dtype=np.uint8), (3, 1, 256)).copy()  # channels first, as p holds one
+        if p.do_rescale:
+            values = p.rescale(values, p.rescale_factor)
+        if p.do_normalize:
+            values = p.normalize(values, p.image_mean, p.image_std)
+        table = torch.from_numpy(np.asarray(values, dtype=np.float32)[:, 0].copy()).to(dtype)
+        # numpy has no bfloat16: the lookup moves the values' bits as integers of the same width
+        self.int_dtype, self.dtype = _SAME_SIZE_INTS[table.element_size()], dtype
+        self.bits = table.view(self.int_dtype).numpy().reshape(-1)  # [channel * 256 + value]
+
+    @staticmethod
+    def mirrors(image_processor) -> bool:
+        """Whether this is a processor whose arithmetic the table reproduces."""
+        p = image_processor
+        return (type(p).__name__ in ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorPil")
+                and getattr(p, "backend", "pil") == "pil" and getattr(p, "do_convert_rgb", True) is not False)
+
+    def keeps_size(self, height: int, width: int) -> bool:
+        smart_resize = sys.modules[type(self.p).__module__].smart_resize  # the one the processor calls
+        if not self.p.do_resize:
+            return height % (self.patch * self.merge) == 0 and width % (self.patch * self.merge) == 0
+        size = self.p.size
+        return smart_resize(height, width, factor=self.patch * self.merge, min_pixels=size["shortest_edge"],
+                            max_pixels=size["longest_edge"]) == (height, width)
+
+    def __call__(self, pictures: list) -> dict | None:
+        first = pictures[0]
+        if not all(isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.shape == first.shape for x in pictures):
+            return None
+        if first.ndim != 3 or first.shape[2] != 3 or not self.keeps_size(*first.shape[:2]):
+            return None
+        count, height, width, channels = len(pictures), *first.shape
+        P, m, T = self.patch, self.merge, self.temporal
+        gh, gw = height // P, width // P
+        # the processor's patch order: (picture, gh/m, gw/m, m, m, channel, P, P), then T copies in time
+        pixels = np.stack(pictures).reshape(count, gh // m, m, P, gw // m, m, P, channels)
+        index = pixels.transpose(0, 1, 4, 2, 5, 7, 3, 6).astype(np.int16)
+        index += (np.arange(channels, dtype=np.int16) * 256)[:, None, None]
+        values = self.bits[index][:, :, :, :, :, :, None]
+        values = np.broadcast_to(values, (*values.shape[:6], T, P, P))
+        patches = torch.from_numpy(values.reshape(count * gh * gw, channels * T * P * P)).view(self.dtype)
+        return {"pixel_values": patches, "image_grid_thw": torch.tensor([[1, gh, gw]] * count, dtype=torch.int64)}
+
 
 class PicturePreprocessor:
     def __init__(self, image_processor, dtype: torch.dtype = torch.float32, max_bytes: int = 1 << 30):
         self.image_processor, self.dtype, self.max_bytes = image_processor, dtype, max_bytes
+        self.table = PatchTable(image_processor, dtype) if PatchTable.mirrors(image_processor) else None
         self._kept: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._bytes = 0
         self.processed = 0  # pictures that went through the image processor
@@ -27,7 +91,7 @@ class PicturePreprocessor:
     @staticmethod
     def key(picture) -> bytes:
         array = np.ascontiguousarray(np.asarray(picture))
-        digest = hashlib.blake2b(repr((array.shape, array.dtype.str)).encode(), digest_size=16)
+        digest = hashlib.sha256(repr((array.shape, array.dtype.str)).encode())  # sha256: ~2x blake2b with SHA-NI
         digest.update(memoryview(array).cast("B"))
         return digest.digest()
 
@@ -40,9 +104,9 @@ class PicturePreprocessor:
                 new[k] = picture
         found = {k: self._kept[k] for k in keys if k in self._kept}
         if new:
-            enc = self.image_processor(images=list(new.values()), return_tensors="pt")
+            enc = self._process(list(new.values()))
             rows = enc["image_grid_thw"].prod(-1).tolist()
-            for k, values, grid in zip(new, enc["pixel_values"].to(self.dtype).split(rows), enc["image_grid_thw"]):
+            for k, values, grid in zip(new, enc["pixel_values"].split(rows), enc["image_grid_thw"]):
                 found[k] = (values, grid)
                 self._keep(k, values, grid)
             self.processed += len(new)
@@ -51,6 +115,13 @@ class PicturePreprocessor:
                 self._kept.move_to_end(k)
         return {"pixel_values": torch.cat([found[k][0] for k in keys]),
                 "image_grid_thw": torch.stack([found[k][1] for k in keys])}
+
+    def _process(self, pictures: list) -> dict:
+        enc = self.table(pictures) if self.table is not None else None
+        if enc is None:
+            enc = self.image_processor(images=pictures, return_tensors="pt")
+            enc = {"pixel_values": enc["pixel_values"].to(self.dtype), "image_grid_thw": enc["image_grid_thw"]}
+        return enc
 
     def _keep(self, key: bytes, values: torch.Tensor, grid: torch.Tensor) -> None:
         size = values.numel() * values.element_size()

@@ -64,3 +64,35 @@ def test_a_cache_of_no_bytes_keeps_nothing_and_gives_the_same_output(tiny_model_
     cache(shown)
     assert cache.processed == 4 and not cache._kept
     assert torch.equal(out["pixel_values"], image_processor(images=shown, return_tensors="pt")["pixel_values"])
+
+
+@pytest.mark.parametrize("merge, side, dtype", [(1, 144, torch.float32), (2, 64, torch.float32), (2, 96, torch.bfloat16)])
+def test_the_patch_table_gives_the_processors_numbers_bit_for_bit(tiny_model_dir, merge, side, dtype):
+    import copy
+
+    import numpy as np
+    image_processor = copy.deepcopy(load_processor(tiny_model_dir).image_processor)
+    image_processor.merge_size = merge  # 2: Qwen3-VL's, picture sides a multiple of 32
+    rng = np.random.default_rng(0)
+    shown = [rng.integers(0, 256, (side, side, 3), dtype=np.uint8) for _ in range(3)]  # every value, every channel
+    if side == 144:
+        shown += pictures([1, 2])
+    cache = PicturePreprocessor(image_processor, dtype)
+    assert cache.table is not None
+    out = cache(shown)
+    direct = image_processor(images=shown, return_tensors="pt")
+    assert out["pixel_values"].dtype == dtype
+    assert torch.equal(out["pixel_values"], direct["pixel_values"].to(dtype))
+    assert torch.equal(out["image_grid_thw"], direct["image_grid_thw"])
+
+
+def test_pictures_the_processor_resizes_go_to_the_processor(tiny_model_dir):
+    import numpy as np
+    image_processor = load_processor(tiny_model_dir).image_processor
+    cache = PicturePreprocessor(image_processor)
+    odd = [np.random.default_rng(1).integers(0, 256, (150, 120, 3), dtype=np.uint8)]  # not a multiple of 16
+    assert not cache.table.keeps_size(150, 120) and cache.table(odd) is None
+    assert cache.table(pictures([1]) + odd) is None  # a batch of mixed sizes as well
+    out = cache(odd + pictures([1]))
+    direct = image_processor(images=odd + pictures([1]), return_tensors="pt")
+    assert torch.equal(out["pixel_values"], direct["pixel_values"]) and cache.processed == 2
