@@ -82,7 +82,7 @@ class HFBackend:
         images = [img for r in requests for img in r.images]
         if not images:
             return {}
-        enc = self.pictures(images)
+        enc = self.pictures(images, self.device)
         grid = enc["image_grid_thw"]
         counts = (grid.prod(-1) // self.tokens_per_patch_group).tolist()
         i = 0

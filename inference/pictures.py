@@ -95,26 +95,43 @@ class PicturePreprocessor:
         digest.update(memoryview(array).cast("B"))
         return digest.digest()
 
-    def __call__(self, pictures: list) -> dict:
-        """{"pixel_values" (in `dtype`), "image_grid_thw"} for the pictures, in order, as the processor gives them."""
+    def __call__(self, pictures: list, device: torch.device | str | None = None) -> dict:
+        """{"pixel_values" (in `dtype`, on `device`), "image_grid_thw"} for the pictures, in order, as the
+        processor gives them. Each distinct picture's values cross to the device once, and the
+        repeats are copied there: a rollout's turn shows the same start picture to a whole group."""
         keys = [self.key(p) for p in pictures]
-        new = {}
-        for k, picture in zip(keys, pictures):
-            if k not in self._kept and k not in new:
-                new[k] = picture
-        found = {k: self._kept[k] for k in keys if k in self._kept}
+        distinct = list(dict.fromkeys(keys))  # in order of first appearance
+        found = {k: self._kept[k] for k in distinct if k in self._kept}
+        new = [k for k in distinct if k not in found]
+        unique = None
         if new:
-            enc = self._process(list(new.values()))
+            picture = dict(zip(reversed(keys), reversed(pictures)))  # a key's first picture
+            enc = self._process([picture[k] for k in new])
             rows = enc["image_grid_thw"].prod(-1).tolist()
             for k, values, grid in zip(new, enc["pixel_values"].split(rows), enc["image_grid_thw"]):
                 found[k] = (values, grid)
                 self._keep(k, values, grid)
             self.processed += len(new)
-        for k in found:
+            if len(new) == len(distinct):
+                unique = enc["pixel_values"]  # already one block in `distinct` order
+        for k in distinct:
             if k in self._kept:
                 self._kept.move_to_end(k)
-        return {"pixel_values": torch.cat([found[k][0] for k in keys]),
-                "image_grid_thw": torch.stack([found[k][1] for k in keys])}
+        if unique is None:
+            unique = torch.cat([found[k][0] for k in distinct])
+        if device is not None:
+            unique = unique.to(device)
+        grids = torch.stack([found[k][1] for k in keys])
+        if len(distinct) == len(keys):
+            return {"pixel_values": unique, "image_grid_thw": grids}
+        slot = {k: i for i, k in enumerate(distinct)}
+        rows = torch.tensor([found[k][0].shape[0] for k in distinct])
+        which = torch.tensor([slot[k] for k in keys])
+        counts = rows[which]
+        # row r of the output is row (r - where its picture starts in the output) of its picture in `unique`
+        shift = torch.repeat_interleave((rows.cumsum(0) - rows)[which] - (counts.cumsum(0) - counts), counts)
+        index = shift + torch.arange(len(shift))
+        return {"pixel_values": unique.index_select(0, index.to(unique.device)), "image_grid_thw": grids}
 
     def _process(self, pictures: list) -> dict:
         enc = self.table(pictures) if self.table is not None else None

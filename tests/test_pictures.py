@@ -14,17 +14,24 @@ def pictures(seeds):
     return [MazeEnv(cell_px=16).reset(seed=s)[0] for s in seeds]
 
 
-def test_repeated_pictures_are_processed_once_and_match_the_processor(tiny_model_dir):
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_repeated_pictures_are_processed_once_and_match_the_processor(tiny_model_dir, device):
     image_processor = load_processor(tiny_model_dir).image_processor
     shown = pictures([1, 2, 1, 3, 2, 1])  # a later turn shows earlier pictures again
     cache = PicturePreprocessor(image_processor)
     first = cache(shown[:3])
-    again = cache(shown)
+    again = cache(shown, device)  # 1 and 2 from the cache, 3 new
     direct = image_processor(images=shown, return_tensors="pt")
     assert cache.processed == 3
-    assert torch.equal(again["pixel_values"], direct["pixel_values"])
+    assert again["pixel_values"].device.type == device
+    assert torch.equal(again["pixel_values"].cpu(), direct["pixel_values"])
     assert torch.equal(again["image_grid_thw"], direct["image_grid_thw"])
-    assert torch.equal(first["pixel_values"], again["pixel_values"][:len(first["pixel_values"])])
+    assert torch.equal(first["pixel_values"], again["pixel_values"][:len(first["pixel_values"])].cpu())
+    fresh = PicturePreprocessor(image_processor, max_bytes=0)(shown, device)  # all new, repeats among them
+    assert torch.equal(fresh["pixel_values"].cpu(), direct["pixel_values"])
 
 
 def test_a_full_cache_forgets_the_least_recently_used_picture(tiny_model_dir):

@@ -51,7 +51,7 @@ def collate(seqs, processor, device: str, dtype=torch.float32, pictures=None) ->
              "mm_token_type_ids": (ids == image_token_id).long().to(device), "loss_mask": mask.to(device)}
     images = [img for s in seqs for img in s.images]
     if images:
-        enc = pictures(images) if pictures else processor.image_processor(images=images, return_tensors="pt")
+        enc = pictures(images, device) if pictures else processor.image_processor(images=images, return_tensors="pt")
         batch["pixel_values"] = enc["pixel_values"].to(device, dtype)
         batch["image_grid_thw"] = enc["image_grid_thw"].to(device)
     return batch
