@@ -33,8 +33,7 @@ class PatchTable:
     it keeps at their size; `__call__` gives None for any other batch."""
 
     def __init__(self, image_processor, dtype: torch.dtype):
-        p = image_processor
-        self.p = p
+        p = self.processor = image_processor
         self.patch, self.merge, self.temporal = p.patch_size, p.merge_size, p.temporal_patch_size
         values = np.broadcast_to(np.arange(256, dtype=np.uint8), (3, 1, 256)).copy()  # channels first, as p holds one
         if p.do_rescale:
@@ -54,10 +53,10 @@ class PatchTable:
                 and getattr(p, "backend", "pil") == "pil" and getattr(p, "do_convert_rgb", True) is not False)
 
     def keeps_size(self, height: int, width: int) -> bool:
-        smart_resize = sys.modules[type(self.p).__module__].smart_resize  # the one the processor calls
-        if not self.p.do_resize:
+        smart_resize = sys.modules[type(self.processor).__module__].smart_resize  # the one the processor calls
+        if not self.processor.do_resize:
             return height % (self.patch * self.merge) == 0 and width % (self.patch * self.merge) == 0
-        size = self.p.size
+        size = self.processor.size
         return smart_resize(height, width, factor=self.patch * self.merge, min_pixels=size["shortest_edge"],
                             max_pixels=size["longest_edge"]) == (height, width)
 
