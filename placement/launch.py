@@ -95,10 +95,19 @@ def start_checkpointer(cfg: Config):
         cfg.trainer.ckpt_path, cfg.s3, cfg.trainer.max_ckpts_to_keep)
 
 
-def restart_checkpointer(cfg: Config, old):
-    """Kill a Checkpointer stuck on a store that stopped answering; start a fresh one under its name."""
+def restart_checkpointer(cfg: Config, old, ready_timeout_s: float = 60.0):
+    """Kill a Checkpointer stuck on a store that stopped answering; start a fresh one under its name
+    and wait (bounded) until it is up, so that the next save's trainer.ckpt_timeout_s is spent on
+    the store, not on the new actor's start (importing torch takes seconds on a busy machine)."""
+    import ray
+    from ray.exceptions import GetTimeoutError
     release({"Checkpointer": old}, cfg.ray.namespace)
-    return start_checkpointer(cfg)
+    fresh = start_checkpointer(cfg)
+    try:
+        ray.get(fresh.__ray_ready__.remote(), timeout=ready_timeout_s)
+    except GetTimeoutError:
+        pass  # still starting: the next save waits for it within its own timeout
+    return fresh
 
 
 def release(named: dict, namespace: str, timeout_s: float = 30.0) -> None:
