@@ -108,7 +108,9 @@ def plot(results: list[dict], out: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main():
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options, and the key=value overrides wherever they stand: right after `--seeds 0 1 2`,
+    argparse would read them as more seeds and refuse them."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--parallel", type=int, default=1)
@@ -116,8 +118,15 @@ def main():
     ap.add_argument("--config")
     ap.add_argument("--heldout", metavar="FILE", help="also evaluate each seed's final adapter on this eval .jsonl")
     ap.add_argument("--no-run", action="store_true", help="only report on the seeds' run folders")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+    ap.add_argument("overrides", nargs="*", metavar="key=value")
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    args = ap.parse_args([a for a in argv if a not in overrides])
+    args.overrides = overrides
+    return args
+
+
+def main():
+    args = parse_args(sys.argv[1:])
     base = ROOT / "runs" / "seeds" / args.name
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(lambda s: run_seed(s, base / f"seed_{s}", args.config, args.overrides, args.heldout,
