@@ -271,8 +271,9 @@ class FSDPPolicyShard:
 
     def shutdown(self) -> None:
         if dist.is_initialized():
-            # A rank that tears gloo down while another is still in a collective aborts the process
-            # ("terminate called without an active exception"): all ranks arrive first.
+            # A rank that tears gloo down while another is still in a collective aborts the process:
+            # all ranks arrive first. (gloo's threads still outlive this, held by DTensor's caches
+            # until interpreter teardown: tests/fsdp_worker.py, rank_process.)
             dist.barrier()
             dist.destroy_process_group()
 

@@ -1,12 +1,34 @@
 """Runs in spawned processes for test_fsdp.py: one FSDPPolicyShard rank trains on its share."""
+import faulthandler
+import functools
 import os
 import pickle
+import sys
 
 from rl.algorithm import AlgorithmConfig
 
 ALGORITHM = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, use_rollout_logprobs=True)
 # the trainer recomputes the old policy and corrects toward the engines' log-probs
 TIS = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, use_tis=True, tis_imp_ratio_cap=1.5)
+
+# a rank killed by a signal (a gloo abort) prints where it was; pytest's own handler covers only its process
+faulthandler.enable(all_threads=True)
+
+
+def rank_process(worker):
+    """End the rank's process as soon as `worker` returns, skipping interpreter teardown. DTensor's
+    sharding caches keep the device mesh, and with it the gloo process group and its worker threads,
+    alive after destroy_process_group; a gloo thread that touches a Python object while the
+    interpreter is being torn down aborts the process ("terminate called without an active
+    exception"): once in 21 runs of test_fsdp.py on a loaded 2-core machine. An exception still fails the
+    rank as before: spawn's wrapper catches it before this exit is reached."""
+    @functools.wraps(worker)
+    def run(*args):
+        worker(*args)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return run
 
 
 def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=1, gradient_checkpointing=False,
@@ -21,6 +43,7 @@ def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=
     return shard
 
 
+@rank_process
 def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
     from rl.batch import split_for_ranks
 
@@ -57,6 +80,7 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
     shard.shutdown()
 
 
+@rank_process
 def load_rank(rank, world_size, port, model_dir, state_path, out_dir):
     """Restore a checkpointed state into this many shards, then write the adapter and state back."""
     with open(state_path, "rb") as f:
@@ -71,6 +95,7 @@ def load_rank(rank, world_size, port, model_dir, state_path, out_dir):
     shard.shutdown()
 
 
+@rank_process
 def schedule_rank(rank, world_size, port, model_dir, items_path, out_dir):
     """Three training batches under a cosine schedule over four steps; writes the LR each one used."""
     with open(items_path, "rb") as f:
@@ -84,6 +109,7 @@ def schedule_rank(rank, world_size, port, model_dir, items_path, out_dir):
     shard.shutdown()
 
 
+@rank_process
 def reference_then_train_bf16(rank, world_size, port, model_dir, items_path, out_dir):
     """A bf16 shard (as on GPUs) whose first pass is the reference, then one update."""
     from rl.batch import split_for_ranks
