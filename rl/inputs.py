@@ -6,6 +6,7 @@ and what to do; the driver turns it into exit status 2. `cfg` is a settings.Conf
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -64,10 +65,36 @@ def load_datasets(cfg, eval_set: str | None = None) -> tuple[list[dict], list[di
     folder = Path(d.dataset_dir)
     if not (folder / "manifest.json").exists():
         write_run_dataset(cfg, folder)
+    check_dataset_matches(cfg, folder)
     train_rows = read_rows(folder / "train.jsonl", "data.dataset_dir", env_id)
     if not chosen:
         eval_rows = read_rows(folder / "eval.jsonl", "data.dataset_dir", env_id)
     return train_rows, eval_rows
+
+
+def check_dataset_matches(cfg, folder: Path) -> None:
+    """A dataset folder is written once, on first use: one written under other settings (an earlier
+    default's data.train_size, say) would otherwise be trained on silently."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        splits = manifest["splits"]
+        written = {"environment.env_class": manifest["env_id"], "generator.max_turns": manifest["max_turns"],
+                   "data.solvable_only": manifest["filter"]["solvable_only"],
+                   "data.long_route_share": manifest["filter"].get("train_long_route_share"),
+                   "data.train_size": splits["train"]["rows"], "data.train_seed_start": splits["train"]["seed_range"][0],
+                   "data.eval_size": splits["eval"]["rows"], "data.eval_seed_start": splits["eval"]["seed_range"][0]}
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise InputError(f"data.dataset_dir '{folder}': manifest.json is unreadable ({e}); point data.dataset_dir "
+                         f"at a new folder (it is written on first use)") from None
+    d = cfg.data
+    wanted = {"environment.env_class": cfg.environment.env_class, "generator.max_turns": cfg.generator.max_turns,
+              "data.solvable_only": d.solvable_only, "data.long_route_share": d.long_route_share,
+              "data.train_size": d.train_size, "data.train_seed_start": d.train_seed_start,
+              "data.eval_size": d.eval_size, "data.eval_seed_start": d.eval_seed_start}
+    differ = [f"{k}={written[k]} (the config has {v})" for k, v in wanted.items() if written[k] != v]
+    if differ:
+        raise InputError(f"data.dataset_dir '{folder}' was written with {', '.join(differ)}; point data.dataset_dir "
+                         f"at a new folder (it is written on first use), or remove this one")
 
 
 def load_validation(cfg) -> list[dict]:

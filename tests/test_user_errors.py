@@ -65,7 +65,23 @@ def test_a_dataset_folder_without_the_validation_split_names_the_fix(tmp_path, c
     old = tmp_path / "old_data"  # written before validation sets: train and eval only
     write_dataset(old, "maze_2d/easy", 8, 4, 0, 1_000_000, 20, True)
     run = tmp_path / "run"
-    assert driver.main([f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.validation_size=8"]) == 2
+    assert driver.main([f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.validation_size=8",
+                        "data.train_size=8", "data.eval_size=4", "generator.max_turns=20"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(old) in err[0] and "without a validation split" in err[0]
     assert "data.validation_size=0" in err[0] and not run.exists()
+
+
+def test_a_dataset_folder_written_under_other_settings_is_not_trained_on(tmp_path, capsys):
+    """A folder from an earlier default (other train size) stops the run with the setting that differs."""
+    from envs.dataset import write_dataset
+    old = tmp_path / "old_data"
+    write_dataset(old, "maze_2d/easy", 8, 4, 0, 1_000_000, 20, True)
+    manifest = (old / "manifest.json").read_text()
+    run = tmp_path / "run"
+    args = [f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.eval_size=4", "generator.max_turns=20"]
+    assert driver.main(args + ["data.train_size=16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(old) in err[0] and "data.train_size=8 (the config has 16)" in err[0], err
+    assert "data.eval_size" not in err[0] and not run.exists()
+    assert (old / "manifest.json").read_text() == manifest  # the folder is left as it was
