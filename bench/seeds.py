@@ -46,12 +46,25 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def seed_args(seed: int, folder: Path, config: str | None, overrides: list[str]) -> list[str]:
+    """driver.py's arguments for one seed, everything it writes inside its folder."""
+    return ([f"--config={config}"] if config else []) + list(overrides) + [
+        f"trainer.seed={seed}", f"trainer.run_dir={folder}", f"trainer.ckpt_path={folder}/ckpts",
+        f"trainer.export_path={folder}/exports", f"data.dataset_dir={folder}/data"]
+
+
+def eval_adapter(args: list[str], adapter: Path, eval_set: str | Path, out: Path, log: Path) -> list[dict]:
+    """Greedy eval of an adapter on an eval .jsonl (`driver.py --eval-only`): one row a maze."""
+    if driver(args + ["--eval-only", f"--eval-set={Path(eval_set).resolve()}", f"--adapter={adapter}",
+                      f"trainer.run_dir={out}"], log):
+        raise SystemExit(f"the eval of {adapter} on {eval_set} failed; see {log}")
+    return read_jsonl(out / "eval_only.jsonl")
+
+
 def run_seed(seed: int, folder: Path, config: str | None, overrides: list[str], heldout: str | None = None,
              run: bool = True) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
-    args = ([f"--config={config}"] if config else []) + list(overrides) + [
-        f"trainer.seed={seed}", f"trainer.run_dir={folder}", f"trainer.ckpt_path={folder}/ckpts",
-        f"trainer.export_path={folder}/exports", f"data.dataset_dir={folder}/data"]
+    args = seed_args(seed, folder, config, overrides)
     code = 0
     if run:
         started = time.time()
@@ -77,11 +90,7 @@ def run_seed(seed: int, folder: Path, config: str | None, overrides: list[str], 
         final = max((folder / "adapters").glob("v*"), key=lambda p: int(p.name[1:]))
         adapters = {"heldout": final} | ({"heldout_chosen": folder / "exports" / "best" / "policy"} if chosen else {})
         for key, adapter in adapters.items():
-            out = folder / key
-            if driver(args + ["--eval-only", f"--eval-set={Path(heldout).resolve()}", f"--adapter={adapter}",
-                              f"trainer.run_dir={out}"], folder / f"{key}.log"):
-                raise SystemExit(f"seed {seed}: the held-out eval failed; see {folder / f'{key}.log'}")
-            per_maze = read_jsonl(out / "eval_only.jsonl")
+            per_maze = eval_adapter(args, adapter, heldout, folder / key, folder / f"{key}.log")
             result |= {key: sum(m["solved"] for m in per_maze) / len(per_maze), f"{key}_by_length": by_length(per_maze)}
         result["heldout_adapter"] = final.name
     return result
@@ -119,6 +128,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--heldout", metavar="FILE", help="also evaluate each seed's final adapter on this eval .jsonl")
     ap.add_argument("--no-run", action="store_true", help="only report on the seeds' run folders")
     ap.add_argument("overrides", nargs="*", metavar="key=value")
+    return parse_with_overrides(ap, argv)
+
+
+def parse_with_overrides(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """ap's options, and the key=value overrides wherever they stand, as `.overrides`."""
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     args = ap.parse_args([a for a in argv if a not in overrides])
     args.overrides = overrides
