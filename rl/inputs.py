@@ -74,7 +74,8 @@ def load_datasets(cfg, eval_set: str | None = None) -> tuple[list[dict], list[di
 
 def check_dataset_matches(cfg, folder: Path) -> None:
     """A dataset folder is written once, on first use: one written under other settings (an earlier
-    default's data.train_size, say) would otherwise be trained on silently."""
+    default's data.train_size, say) would otherwise be trained on silently. A validation split is
+    checked where the config asks for one (a folder may carry one the config does not use)."""
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
         splits = manifest["splits"]
@@ -83,6 +84,10 @@ def check_dataset_matches(cfg, folder: Path) -> None:
                    "data.long_route_share": manifest["filter"].get("train_long_route_share"),
                    "data.train_size": splits["train"]["rows"], "data.train_seed_start": splits["train"]["seed_range"][0],
                    "data.eval_size": splits["eval"]["rows"], "data.eval_seed_start": splits["eval"]["seed_range"][0]}
+        validation = splits.get("validation")
+        if validation:
+            written |= {"data.validation_size": validation["rows"],
+                        "data.validation_seed_start": validation["seed_range"][0]}
     except (ValueError, KeyError, TypeError, IndexError) as e:
         raise InputError(f"data.dataset_dir '{folder}': manifest.json is unreadable ({e}); point data.dataset_dir "
                          f"at a new folder (it is written on first use)") from None
@@ -91,6 +96,11 @@ def check_dataset_matches(cfg, folder: Path) -> None:
               "data.solvable_only": d.solvable_only, "data.long_route_share": d.long_route_share,
               "data.train_size": d.train_size, "data.train_seed_start": d.train_seed_start,
               "data.eval_size": d.eval_size, "data.eval_seed_start": d.eval_seed_start}
+    if d.validation_size:
+        if not validation:
+            raise InputError(f"data.dataset_dir '{folder}' was written without a validation split; point data.dataset_dir "
+                             f"at a new folder (it is written on first use) or set data.validation_size=0")
+        wanted |= {"data.validation_size": d.validation_size, "data.validation_seed_start": d.validation_seed_start}
     differ = [f"{k}={written[k]} (the config has {v})" for k, v in wanted.items() if written[k] != v]
     if differ:
         raise InputError(f"data.dataset_dir '{folder}' was written with {', '.join(differ)}; point data.dataset_dir "
@@ -99,14 +109,10 @@ def check_dataset_matches(cfg, folder: Path) -> None:
 
 def load_validation(cfg) -> list[dict]:
     """The validation rows that choose the run's best adapter (none with data.validation_size=0).
-    Call after load_datasets, which writes the folder on first use."""
+    Call after load_datasets, which writes the folder on first use and checks it has them."""
     if not cfg.data.validation_size:
         return []
-    folder = Path(cfg.data.dataset_dir)
-    if not (folder / "validation.jsonl").exists():
-        raise InputError(f"data.dataset_dir '{folder}' was written without a validation split; point "
-                         f"data.dataset_dir at a new folder (it is written on first use) or set data.validation_size=0")
-    return read_rows(folder / "validation.jsonl", "data.dataset_dir", cfg.environment.env_class)
+    return read_rows(Path(cfg.data.dataset_dir) / "validation.jsonl", "data.dataset_dir", cfg.environment.env_class)
 
 
 def adapter_folder(path: str, s3_cfg=None) -> str:

@@ -85,3 +85,16 @@ def test_a_dataset_folder_written_under_other_settings_is_not_trained_on(tmp_pat
     assert len(err) == 1 and str(old) in err[0] and "data.train_size=8 (the config has 16)" in err[0], err
     assert "data.eval_size" not in err[0] and not run.exists()
     assert (old / "manifest.json").read_text() == manifest  # the folder is left as it was
+
+
+def test_a_validation_split_of_another_size_is_not_used(tmp_path, capsys):
+    from envs.dataset import write_dataset
+    old = tmp_path / "old_data"
+    write_dataset(old, "maze_2d/easy", 8, 4, 0, 1_000_000, 20, True, 4, 2_000_000)
+    run = tmp_path / "run"
+    args = [f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.train_size=8", "data.eval_size=4",
+            "generator.max_turns=20"]
+    assert driver.main(args + ["data.validation_size=8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data.validation_size=4 (the config has 8)" in err[0], err
+    assert not run.exists()
