@@ -5,7 +5,9 @@ from disjoint seed ranges (train from `train_seed_start`, eval from `eval_seed_s
 optional validation split, which chooses the run's best adapter, from `validation_seed_start`),
 and the same arguments always give byte-identical files. With `solvable_only`, a seed is kept
 only when the BFS expert finishes within `max_turns` turns (its moves plus the final stop); the
-manifest records the filter and how many seeds it skipped.
+manifest records the filter and how many seeds it skipped. With `junction_start_share`, that
+share of the train mazes starts at a junction of its route instead of the corner (a curriculum:
+see `start_at_junctions`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
+
+from envs.expert import shortest_path
+from envs.generate import DELTAS
 from envs.maze import SIZES, MazeEnv
 
 
@@ -60,19 +66,42 @@ def env_ceiling(env_id: str, max_turns: int, seeds: int = 2000) -> float:
     return sum(r["optimal_moves"] + 1 <= max_turns for r in rows) / seeds
 
 
+def start_at_junctions(rows: list[dict], share: float, seed: int) -> list[dict]:
+    """The rows with a share of them (rounded, chosen by `seed`) starting at a junction of their
+    optimal route: a route cell other than its ends with a third open neighbour, where a wrong turn
+    is possible. Such an episode begins with a branch decision and no history, as turn 1 at the
+    corner does, where the long mazes are lost. A route without a junction keeps its corner."""
+    rng = np.random.default_rng(seed)
+    chosen = set(rng.choice(len(rows), round(share * len(rows)), replace=False).tolist())
+    out = []
+    for i, row in enumerate(rows):
+        if i in chosen:
+            maze = np.asarray(row["maze"])
+            route = shortest_path(maze, row["start"], row["goal"])
+            junctions = [c for c in route[1:-1] if sum(maze[c[0] + dr, c[1] + dc] == 0 for dr, dc in DELTAS) >= 3]
+            if junctions:
+                cell = junctions[int(rng.integers(len(junctions)))]
+                row = {**row, "start": list(cell), "optimal_moves": len(route) - 1 - route.index(cell)}
+        out.append(row)
+    return out
+
+
 def rows_bytes(rows) -> bytes:
     return "".join(json.dumps(r, separators=(",", ":"), sort_keys=True) + "\n" for r in rows).encode()
 
 
 def write_dataset(out_dir, env_id: str, train_size: int, eval_size: int, train_seed_start: int,
                   eval_seed_start: int, max_turns: int, solvable_only: bool, validation_size: int = 0,
-                  validation_seed_start: int = 0, long_route_share: float | None = None) -> dict:
+                  validation_seed_start: int = 0, long_route_share: float | None = None,
+                  junction_start_share: float = 0.0) -> dict:
     if eval_seed_start < train_seed_start:
         raise ValueError("eval_seed_start must be above train_seed_start (disjoint ranges)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     train, train_scanned = make_rows(env_id, train_seed_start, train_size, max_turns, solvable_only,
                                      seed_limit=eval_seed_start, long_route_share=long_route_share)
+    if junction_start_share:
+        train = start_at_junctions(train, junction_start_share, train_seed_start)
     evals, eval_scanned = make_rows(env_id, eval_seed_start, eval_size, max_turns, solvable_only)
     splits = [("train", train, train_seed_start, train_scanned), ("eval", evals, eval_seed_start, eval_scanned)]
     if validation_size:
@@ -84,7 +113,8 @@ def write_dataset(out_dir, env_id: str, train_size: int, eval_size: int, train_s
     manifest = {"env_id": env_id, "max_turns": max_turns,
                 "filter": {"solvable_only": solvable_only,
                            "rule": "BFS optimal moves + 1 stop <= max_turns" if solvable_only else None,
-                           "train_long_route_share": long_route_share},
+                           "train_long_route_share": long_route_share,
+                           "train_junction_start_share": junction_start_share},
                 "splits": {}}
     for name, rows, start, scanned in splits:
         data = rows_bytes(rows)

@@ -52,7 +52,7 @@ def write_run_dataset(cfg, folder) -> dict:
     d = cfg.data
     return write_dataset(folder, cfg.environment.env_class, d.train_size, d.eval_size, d.train_seed_start,
                          d.eval_seed_start, cfg.generator.max_turns, d.solvable_only, d.validation_size,
-                         d.validation_seed_start, d.long_route_share)
+                         d.validation_seed_start, d.long_route_share, d.junction_start_share)
 
 
 def load_datasets(cfg, eval_set: str | None = None) -> tuple[list[dict], list[dict]]:
@@ -82,6 +82,7 @@ def check_dataset_matches(cfg, folder: Path) -> None:
         written = {"environment.env_class": manifest["env_id"], "generator.max_turns": manifest["max_turns"],
                    "data.solvable_only": manifest["filter"]["solvable_only"],
                    "data.long_route_share": manifest["filter"].get("train_long_route_share"),
+                   "data.junction_start_share": manifest["filter"].get("train_junction_start_share", 0.0),
                    "data.train_size": splits["train"]["rows"], "data.train_seed_start": splits["train"]["seed_range"][0],
                    "data.eval_size": splits["eval"]["rows"], "data.eval_seed_start": splits["eval"]["seed_range"][0]}
         validation = splits.get("validation")
@@ -94,6 +95,7 @@ def check_dataset_matches(cfg, folder: Path) -> None:
     d = cfg.data
     wanted = {"environment.env_class": cfg.environment.env_class, "generator.max_turns": cfg.generator.max_turns,
               "data.solvable_only": d.solvable_only, "data.long_route_share": d.long_route_share,
+              "data.junction_start_share": d.junction_start_share,
               "data.train_size": d.train_size, "data.train_seed_start": d.train_seed_start,
               "data.eval_size": d.eval_size, "data.eval_seed_start": d.eval_seed_start}
     if d.validation_size:

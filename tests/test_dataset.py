@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from envs.dataset import load_rows, make_rows, write_dataset
+from envs.dataset import load_rows, make_rows, start_at_junctions, write_dataset
+from envs.expert import shortest_path
+from envs.generate import DELTAS
 from rl.sampler import PromptSampler, repeat_long_routes
 from settings import load_config
 
@@ -102,6 +105,29 @@ def test_long_route_share_sets_the_train_mix_from_fresh_seeds(tmp_path):
     m = write_dataset(tmp_path, "maze_2d/easy", 40, 8, 0, 1000, 20, True, long_route_share=0.5)
     assert m["filter"]["train_long_route_share"] == 0.5 and m["splits"]["train"]["optimal_moves"] == {"12": 20, "16": 20}
     assert m["splits"]["eval"]["seed_range"][0] == 1000 and sum(m["splits"]["eval"]["optimal_moves"].values()) == 8
+
+
+def test_junction_start_share_moves_that_share_of_train_starts_to_a_junction_of_the_route(tmp_path):
+    rows, _ = make_rows("maze_2d/easy", 0, 40, 20, solvable_only=True)
+    out = start_at_junctions(rows, 0.5, seed=0)
+    moved = [(r, o) for r, o in zip(rows, out) if o["start"] != r["start"]]
+    assert 15 <= len(moved) <= 20  # 20 chosen; a route without a junction keeps its corner
+    for row, new in moved:
+        maze, cell = np.asarray(row["maze"]), tuple(new["start"])
+        route = shortest_path(maze, row["start"], row["goal"])
+        assert cell in route[1:-1]  # on the optimal route, neither end
+        assert sum(maze[cell[0] + dr, cell[1] + dc] == 0 for dr, dc in DELTAS) >= 3  # a branch to get wrong
+        assert new["optimal_moves"] == len(shortest_path(maze, cell, row["goal"])) - 1 < row["optimal_moves"]
+        assert {k: v for k, v in new.items() if k not in ("start", "optimal_moves")} == \
+            {k: v for k, v in row.items() if k not in ("start", "optimal_moves")}
+    assert start_at_junctions(rows, 0.5, seed=0) == out and start_at_junctions(rows, 0.5, seed=1) != out
+    assert start_at_junctions(rows, 0.0, seed=0) == rows
+    # in a dataset only the train split moves, and the manifest says how
+    m = write_dataset(tmp_path / "j", "maze_2d/easy", 40, 8, 0, 1000, 20, True, junction_start_share=0.5)
+    plain = write_dataset(tmp_path / "p", "maze_2d/easy", 40, 8, 0, 1000, 20, True)
+    assert m["filter"]["train_junction_start_share"] == 0.5 and plain["filter"]["train_junction_start_share"] == 0.0
+    assert load_rows(tmp_path / "j" / "train.jsonl") == start_at_junctions(rows, 0.5, seed=0)
+    assert (tmp_path / "j" / "eval.jsonl").read_bytes() == (tmp_path / "p" / "eval.jsonl").read_bytes()
 
 
 def test_long_routes_are_drawn_repeats_times_an_epoch():

@@ -85,6 +85,9 @@ def test_a_dataset_folder_written_under_other_settings_is_not_trained_on(tmp_pat
     assert len(err) == 1 and str(old) in err[0] and "data.train_size=8 (the config has 16)" in err[0], err
     assert "data.eval_size" not in err[0] and not run.exists()
     assert (old / "manifest.json").read_text() == manifest  # the folder is left as it was
+    assert driver.main(args + ["data.train_size=8", "data.junction_start_share=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "data.junction_start_share=0.0 (the config has 0.5)" in err and not run.exists()
 
 
 def test_a_validation_split_of_another_size_is_not_used(tmp_path, capsys):
