@@ -86,12 +86,13 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
         fleet.engines.wake_up()
     with phases("generate"):
         episodes = fleet.runner.run(tasks, training_sampling(cfg, step), state.version)
+    state.sampler.record_outcomes(episodes)  # mixed groups queue their maze for replay (data.replay_share)
 
     # 3. advantages: each episode's score against its group's (the samples of the same maze); one
     #    value a turn, so an estimator with step-level credit (gigpo) can tell the turns apart
     with phases("advantages"):
         advantages = compute_advantages(a, episodes)  # per episode, one value a turn
-    metrics = rollout_metrics(episodes, advantages, phases.seconds["generate"])
+    metrics = rollout_metrics(episodes, advantages, phases.seconds["generate"]) | {"data/replayed": state.sampler.replayed}
 
     # 4. training items: sequences with loss masks, per-token loss weights, mini-batches of prompts
     with phases("items"):
@@ -222,7 +223,8 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
     # which checkpoint to resume from, found before any actor starts (none that verifies: an error)
     resume_at = resume_step(Checkpointer(t.ckpt_path, cfg.s3), t.ckpt_path) if t.resume_mode == "latest" else None
     train_rows, eval_rows = load_datasets(cfg)
-    sampler = PromptSampler(repeat_long_routes(train_rows, cfg.data.long_route_repeats), t.train_batch_size, t.seed)
+    sampler = PromptSampler(repeat_long_routes(train_rows, cfg.data.long_route_repeats), t.train_batch_size, t.seed,
+                            cfg.data.replay_share)
     run = Run(cfg, Path(t.run_dir), eval_rows, load_validation(cfg), t.epochs * sampler.steps_per_epoch,
               to_yaml(cfg))
     run.dir.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,6 @@ class RunState:
         self.step, self.adapter, self.best = int(trainer_state["global_step"]), adapter, best
 
     def reset(self) -> None:
-        """Back to the start: step 0, the base model, the first batch of epoch 0."""
+        """Back to the start: step 0, the base model, the first batch of epoch 0, nothing queued for replay."""
         self.step, self.adapter, self.best = 0, None, None
-        self.sampler.epoch = self.sampler.cursor = 0
+        self.sampler.reset()

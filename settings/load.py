@@ -153,6 +153,9 @@ def validate(cfg: Config) -> None:
     if not 0 <= cfg.data.junction_start_share <= 1:
         raise ConfigError(f"config key 'data.junction_start_share' must be between 0 and 1 (0: every maze starts "
                           f"at its corner); got {cfg.data.junction_start_share}")
+    if not 0 <= cfg.data.replay_share <= 1:
+        raise ConfigError(f"config key 'data.replay_share' must be between 0 and 1 (0: every maze is drawn once an "
+                          f"epoch); got {cfg.data.replay_share}")
     if t.eval_batch_size < 0:
         raise ConfigError(f"config key 'trainer.eval_batch_size' must be >= 0 (0 = all mazes at once); got {t.eval_batch_size}")
     if t.ckpt_timeout_s <= 0:

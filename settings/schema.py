@@ -172,6 +172,7 @@ class DataConfig:
     solvable_only: bool = True  # keep only mazes the expert solves within generator.max_turns
     long_route_share: Optional[float] = None  # visrl: share of train mazes with a route longer than the shortest
     junction_start_share: float = 0.0  # visrl: share of train mazes that start at a junction of their route
+    replay_share: float = 0.0  # visrl: up to this share of a batch replays mazes whose group came back mixed
     long_route_repeats: int = 1  # visrl: a train maze whose route is longer than its env's shortest is drawn this often an epoch
     eval_set: Optional[str] = None  # visrl: another eval set (a .jsonl from --make-dataset)
     validation_size: int = 0  # visrl: mazes that choose the best adapter at each eval (0: none, the final one is the run's)
