@@ -83,6 +83,7 @@ def test_wrong_types_name_key_and_expected_type(override, words):
     (["data.long_route_repeats=0"], ["data.long_route_repeats", ">= 1"]),
     (["data.long_route_share=1.5"], ["data.long_route_share", "between 0 and 1"]),
     (["data.junction_start_share=-0.1"], ["data.junction_start_share", "between 0 and 1"]),
+    (["data.replay_share=2"], ["data.replay_share", "between 0 and 1"]),
     (["data.validation_size=-1"], ["data.validation_size", ">= 0"]),
     (["trainer.algorithm.use_tis=true", "trainer.algorithm.use_rollout_logprobs=true"], ["use_tis", "one of the two"]),
     (["trainer.algorithm.use_tis=true", "trainer.algorithm.use_rollout_logprobs=false", "trainer.algorithm.tis_imp_ratio_cap=0"],
