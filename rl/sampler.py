@@ -1,5 +1,5 @@
 """The train-set dataloader: prompts shuffled per epoch by seed, with a position that a
-checkpoint saves and a resume restores exactly (no prompt skipped, none seen twice).
+checkpoint saves and a resume restores exactly (no fresh prompt skipped, none drawn fresh twice).
 
 With `data.replay_share` it also replays (prioritised level replay, simplified): a maze whose
 group came back mixed (some episodes solved it, some not) is queued, and up to that share of each
