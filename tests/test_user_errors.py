@@ -66,7 +66,8 @@ def test_a_dataset_folder_without_the_validation_split_names_the_fix(tmp_path, c
     write_dataset(old, "maze_2d/easy", 8, 4, 0, 1_000_000, 20, True)
     run = tmp_path / "run"
     assert driver.main([f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.validation_size=8",
-                        "data.train_size=8", "data.eval_size=4", "generator.max_turns=20"]) == 2
+                        "data.train_size=8", "trainer.train_batch_size=8", "data.eval_size=4",
+                        "generator.max_turns=20"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(old) in err[0] and "without a validation split" in err[0]
     assert "data.validation_size=0" in err[0] and not run.exists()
@@ -79,7 +80,8 @@ def test_a_dataset_folder_written_under_other_settings_is_not_trained_on(tmp_pat
     write_dataset(old, "maze_2d/easy", 8, 4, 0, 1_000_000, 20, True)
     manifest = (old / "manifest.json").read_text()
     run = tmp_path / "run"
-    args = [f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.eval_size=4", "generator.max_turns=20"]
+    args = [f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.eval_size=4", "generator.max_turns=20",
+            "trainer.train_batch_size=8"]
     assert driver.main(args + ["data.train_size=16"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(old) in err[0] and "data.train_size=8 (the config has 16)" in err[0], err
@@ -95,8 +97,8 @@ def test_a_validation_split_of_another_size_is_not_used(tmp_path, capsys):
     old = tmp_path / "old_data"
     write_dataset(old, "maze_2d/easy", 8, 4, 0, 1_000_000, 20, True, 4, 2_000_000)
     run = tmp_path / "run"
-    args = [f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.train_size=8", "data.eval_size=4",
-            "generator.max_turns=20"]
+    args = [f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.train_size=8", "trainer.train_batch_size=8",
+            "data.eval_size=4", "generator.max_turns=20"]
     assert driver.main(args + ["data.validation_size=8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data.validation_size=4 (the config has 8)" in err[0], err

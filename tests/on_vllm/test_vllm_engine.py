@@ -58,8 +58,8 @@ def trained_adapter(tmp_path_factory):
     """Two GRPO steps of the default run with backend=vllm, through the driver's Ray actors."""
     run = tmp_path_factory.mktemp("vllm-run")
     args = ["generator.inference_engine.backend=vllm", f"trainer.run_dir={run}", f"data.dataset_dir={run}/data",
-            "data.train_size=16", "data.eval_size=16", "data.validation_size=8", "trainer.epochs=1",
-            "trainer.eval_interval=1",
+            "data.train_size=16", "trainer.train_batch_size=8", "data.eval_size=16", "data.validation_size=8",
+            "trainer.epochs=1", "trainer.eval_interval=1",
             f"trainer.export_path={run}/exports", f"trainer.ckpt_path={run}/ckpts", "trainer.hf_save_interval=2"]
     out = subprocess.run([sys.executable, "driver.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})

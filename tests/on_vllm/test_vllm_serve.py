@@ -48,7 +48,7 @@ def client(base_url):
 def cfg_and_rows(tmp_path_factory):
     from rl.inputs import load_datasets
     cfg = load_config(None, [f"data.dataset_dir={tmp_path_factory.mktemp('data')}", "data.eval_size=8",
-                             "data.train_size=8"])
+                             "data.train_size=8", "trainer.train_batch_size=8"])
     return cfg, load_datasets(cfg)[1]
 
 
