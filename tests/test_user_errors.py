@@ -60,14 +60,24 @@ def test_user_error(files, args, words, capsys, monkeypatch):
     assert not run.exists()  # nothing written: no run folder, no dataset
 
 
-def test_a_dataset_folder_without_the_validation_split_names_the_fix(tmp_path, capsys):
+def old_dataset_folder(tmp_path, *validation):
+    """A dataset folder written earlier: 8 train and 4 eval mazes, 20 turns, and the validation split given."""
     from envs.dataset import write_dataset
-    old = tmp_path / "old_data"  # written before validation sets: train and eval only
-    write_dataset(old, "maze_2d/easy", 8, 4, 0, 1_000_000, 20, True)
+    old = tmp_path / "old_data"
+    write_dataset(old, "maze_2d/easy", 8, 4, 0, 1_000_000, 20, True, *validation)
+    return old
+
+
+def run_on(old, run, *overrides):
+    """The driver on that folder, with the settings it was written under unless overridden."""
+    return driver.main([f"data.dataset_dir={old}", f"trainer.run_dir={run}", "trainer.train_batch_size=8",
+                        "data.eval_size=4", "generator.max_turns=20", *overrides])
+
+
+def test_a_dataset_folder_without_the_validation_split_names_the_fix(tmp_path, capsys):
+    old = old_dataset_folder(tmp_path)  # written before validation sets: train and eval only
     run = tmp_path / "run"
-    assert driver.main([f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.validation_size=8",
-                        "data.train_size=8", "trainer.train_batch_size=8", "data.eval_size=4",
-                        "generator.max_turns=20"]) == 2
+    assert run_on(old, run, "data.train_size=8", "data.validation_size=8") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(old) in err[0] and "without a validation split" in err[0]
     assert "data.validation_size=0" in err[0] and not run.exists()
@@ -75,31 +85,23 @@ def test_a_dataset_folder_without_the_validation_split_names_the_fix(tmp_path, c
 
 def test_a_dataset_folder_written_under_other_settings_is_not_trained_on(tmp_path, capsys):
     """A folder from an earlier default (other train size) stops the run with the setting that differs."""
-    from envs.dataset import write_dataset
-    old = tmp_path / "old_data"
-    write_dataset(old, "maze_2d/easy", 8, 4, 0, 1_000_000, 20, True)
+    old = old_dataset_folder(tmp_path)
     manifest = (old / "manifest.json").read_text()
     run = tmp_path / "run"
-    args = [f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.eval_size=4", "generator.max_turns=20",
-            "trainer.train_batch_size=8"]
-    assert driver.main(args + ["data.train_size=16"]) == 2
+    assert run_on(old, run, "data.train_size=16") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(old) in err[0] and "data.train_size=8 (the config has 16)" in err[0], err
     assert "data.eval_size" not in err[0] and not run.exists()
     assert (old / "manifest.json").read_text() == manifest  # the folder is left as it was
-    assert driver.main(args + ["data.train_size=8", "data.junction_start_share=0.5"]) == 2
+    assert run_on(old, run, "data.train_size=8", "data.junction_start_share=0.5") == 2
     err = capsys.readouterr().err
     assert "data.junction_start_share=0.0 (the config has 0.5)" in err and not run.exists()
 
 
 def test_a_validation_split_of_another_size_is_not_used(tmp_path, capsys):
-    from envs.dataset import write_dataset
-    old = tmp_path / "old_data"
-    write_dataset(old, "maze_2d/easy", 8, 4, 0, 1_000_000, 20, True, 4, 2_000_000)
+    old = old_dataset_folder(tmp_path, 4, 2_000_000)
     run = tmp_path / "run"
-    args = [f"data.dataset_dir={old}", f"trainer.run_dir={run}", "data.train_size=8", "trainer.train_batch_size=8",
-            "data.eval_size=4", "generator.max_turns=20"]
-    assert driver.main(args + ["data.validation_size=8"]) == 2
+    assert run_on(old, run, "data.train_size=8", "data.validation_size=8") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data.validation_size=4 (the config has 8)" in err[0], err
     assert not run.exists()
