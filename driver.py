@@ -129,8 +129,13 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
         if any(v != adapter.version for v in loaded):
             raise RuntimeError(f"engines report adapter versions {loaded} after sync to v{adapter.version}")
         prune_adapters(run.dir / "adapters", keep=2)
+    status = fleet.engines.status()
     metrics |= {"sync/adapter_version": adapter.version,
-                "sync/adapter_load_s": max(s["last_adapter_load_s"] for s in fleet.engines.status())}
+                "sync/adapter_load_s": max(s["last_adapter_load_s"] for s in status)}
+    for when in ("awake", "asleep"):  # on a GPU: what the engines hold, and what sleep leaves them
+        held = [s[f"memory_{when}_gib"] for s in status if s.get(f"memory_{when}_gib") is not None]
+        if held:
+            metrics[f"memory/engine_{when}_gib"] = max(held)
     state.step, state.adapter = step, adapter  # the one place a step is marked done
 
     # 8. eval, export, checkpoint

@@ -271,4 +271,5 @@ def app(args: dict | None = None):
     s = ServeSettings.from_args(args or {})
     if s.backend == "vllm":
         return build_vllm_app(s)
-    return MultiLoraServer.options(ray_actor_options={"num_cpus": s.num_cpus}, **_deployment_options(s)).bind(asdict(s))
+    return MultiLoraServer.options(ray_actor_options={"num_cpus": s.num_cpus, "num_gpus": s.num_gpus},
+                                   **_deployment_options(s)).bind(asdict(s))

@@ -23,7 +23,10 @@ def engine_settings(cfg) -> dict:
     eng = cfg.generator.inference_engine
     settings = {"backend": eng.backend, "s3_cfg": cfg.s3}
     if eng.backend == "vllm":
-        settings |= {"tensor_parallel_size": eng.tensor_parallel_size, "seed": cfg.trainer.seed,
+        # vLLM sizes its profiling run by the most pictures a prompt may hold
+        g = cfg.generator
+        settings |= {"max_images": g.context_pictures or g.context_window_turns or g.max_turns,
+                     "tensor_parallel_size": eng.tensor_parallel_size, "seed": cfg.trainer.seed,
                      "gpu_memory_utilization": eng.gpu_memory_utilization, "cpu_kv_cache_gib": eng.cpu_kv_cache_gib,
                      "max_lora_rank": cfg.trainer.policy.model.lora.rank,
                      "engine_init_kwargs": dict(eng.engine_init_kwargs)}
@@ -56,6 +59,9 @@ class VLLMEngine:
         self.adapter_path = None
         self.asleep = False
         self.last_load_s = 0.0
+        # the GPU memory this engine's processes hold (vLLM's engine core is a child process), awake
+        # and asleep: what sleep frees for the colocated shards (None without a GPU)
+        self.memory_gib = {"awake": self._memory(), "asleep": None}
 
     def generate(self, requests: list[GenRequest], sampling: Sampling,
                  expect_version: int | None = None) -> list[GenResult]:
@@ -83,13 +89,21 @@ class VLLMEngine:
 
     def sleep(self) -> None:
         if not self.asleep:
+            self.memory_gib["awake"] = self._memory()
             self.backend.sleep()
             self.asleep = True
+            self.memory_gib["asleep"] = self._memory()
 
     def wake_up(self) -> None:
         if self.asleep:
             self.backend.wake_up()
             self.asleep = False
+
+    def _memory(self) -> float | None:
+        if self.device != "cuda":
+            return None
+        from telemetry.gpu import process_tree_memory_gib
+        return process_tree_memory_gib()
 
     def peak_memory_gib(self) -> float:
         from vlm.load import peak_memory_gib
@@ -97,4 +111,5 @@ class VLLMEngine:
 
     def status(self) -> dict:
         return {"rank": self.rank, "adapter_version": self.adapter_version, "asleep": self.asleep,
-                "backend": self.backend_name, "last_adapter_load_s": self.last_load_s}
+                "backend": self.backend_name, "last_adapter_load_s": self.last_load_s,
+                "memory_awake_gib": self.memory_gib["awake"], "memory_asleep_gib": self.memory_gib["asleep"]}

@@ -1,22 +1,27 @@
 """The GPU path at the reference scale: random-weight Qwen3-VL models of the 2B and 8B shapes, built
 on the GPU, trained for a few steps by the real driver; one table of where the time and memory go.
 
-    python bench/gpu_scale.py --shapes 2b 8b --steps 3 [--out runs/gpu_scale] [key=value ...]
+    python bench/gpu_scale.py --shapes 2b 8b --steps 3 [--engines hf vllm] [--workloads short decode]
+                              [--out runs/gpu_scale] [key=value ...]
 
 Each shape is built straight on the GPU from its config (bf16, random weights: no download, no
 weights carried), saved with the project's tokenizer and a Qwen3-VL processor with patch 16 and
-merge 2 (so `environment.cell_px=32` gives 81 picture tokens), then `python driver.py` runs the
-workload the issue measured: LoRA r32 on all linear layers, 8 prompts x 8 samples, 5 turns, 16 new
-tokens, KL on, old log-probs recomputed by the policy (so the engine-vs-trainer gap is measured).
-Random weights earn no reward: these runs measure time and memory, not learning.
+merge 2 (so `environment.cell_px=32` gives 81 picture tokens), then `python driver.py` runs each
+workload with each engine, one run after another on the same saved model: LoRA r32 on all linear
+layers, 8 samples a prompt, 5 turns, KL on, old log-probs recomputed by the policy (so the
+engine-vs-trainer gap is measured). Workloads: `short` (issue 14's: 8 prompts, 16 new tokens a
+turn) and `decode` (closer to the reference run's: 24 prompts, 128 new tokens a turn). Random
+weights earn no reward: these runs measure time and memory, not learning.
 
 Columns (means over the steps after the first, which warms up): phase seconds from timing/*,
-generated and prompt+generated tokens a second, train MFU = 4 x params x trained tokens /
-train seconds / 989 TFLOP/s (the H200's dense bf16 peak; 4, not 6: the frozen base gets no weight
+generated and prompt+generated tokens a second, generate seconds of step 1 (the base, no adapter
+yet) and of the later steps (with the adapter), train MFU = 4 x params x trained tokens / train
+seconds / 989 TFLOP/s (the H200's dense bf16 peak; 4, not 6: the frozen base gets no weight
 gradient), each GPU actor's peak memory (torch's max allocated, per process: their sum overstates
-what is held at once when an engine sleeps), the device's peak as nvidia-smi sees it (every
-process, CUDA contexts and allocator caches included, sampled twice a second), and the
-engine-vs-trainer log-prob gap (mean |d| and k3).
+what is held at once when an engine sleeps; vLLM's engine core is another process, so its actor
+reads ~0), the engine's own memory awake and asleep (NVML, its process tree), the device's peak as
+nvidia-smi sees it (every process, CUDA contexts and allocator caches included, sampled twice a
+second), the adapter load at each sync, and the engine-vs-trainer log-prob gap (mean |d| and k3).
 """
 import argparse
 import json
@@ -82,13 +87,21 @@ def build(shape: str, out: Path) -> int:
     return n
 
 
-def workload(model: Path, run: Path, steps: int) -> list[str]:
+WORKLOADS = {  # prompts a step, new tokens a turn
+    "short": (8, 16),
+    "decode": (24, 128),
+}
+
+
+def workload(model: Path, run: Path, steps: int, name: str = "short") -> list[str]:
+    prompts, tokens = WORKLOADS[name]
     return [f"trainer.policy.model.path={model}", f"trainer.run_dir={run}", f"trainer.ckpt_path={run}/ckpts",
             f"trainer.export_path={run}/exports", f"data.dataset_dir={run}/data", "trainer.device=cuda",
-            "trainer.resume_mode=none", "trainer.epochs=1", f"data.train_size={8 * steps}", "trainer.train_batch_size=8",
-            "trainer.policy_mini_batch_size=8", "generator.n_samples_per_prompt=8", "generator.max_turns=5",
-            "data.solvable_only=false", "generator.sampling_params.max_generate_length=16",
-            "generator.eval_sampling_params.max_generate_length=16", "environment.cell_px=32",
+            "trainer.resume_mode=none", "trainer.epochs=1", f"data.train_size={prompts * steps}",
+            f"trainer.train_batch_size={prompts}", f"trainer.policy_mini_batch_size={prompts}",
+            "generator.n_samples_per_prompt=8", "generator.max_turns=5", "data.solvable_only=false",
+            f"generator.sampling_params.max_generate_length={tokens}",
+            f"generator.eval_sampling_params.max_generate_length={tokens}", "environment.cell_px=32",
             "trainer.policy.model.lora.rank=32", "trainer.policy.model.lora.alpha=32",
             "trainer.policy.model.lora.target_modules=all-linear", "trainer.algorithm.use_kl_loss=true",
             "trainer.algorithm.use_rollout_logprobs=false", "trainer.algorithm.filter_zero_advantage_groups=false",
@@ -145,11 +158,11 @@ class DeviceMemory:
         self.thread.join()
 
 
-def summarize(shape: str, params: int, history: list[dict], device_peak: dict) -> list[str]:
+def summarize(label: str, params: int, history: list[dict], device_peak: dict) -> str:
     steady = [h for h in history if h["step"] > 1] or history
 
-    def mean(key):
-        vals = [h[key] for h in steady if key in h]
+    def mean(key, rows=steady):
+        vals = [h[key] for h in rows if key in h]
         return sum(vals) / len(vals) if vals else 0.0
     train_s, tokens = mean("timing/train"), mean("train/tokens")
     mfu = 4 * params * tokens / max(train_s, 1e-9) / PEAK_FLOPS
@@ -157,44 +170,77 @@ def summarize(shape: str, params: int, history: list[dict], device_peak: dict) -
     timing = ", ".join(f"{p} {mean('timing/' + p):.1f}" for p in phases)
     other = mean("timing/step") - sum(mean("timing/" + p) for p in phases[1:])
     memory = {k.split("/")[1].replace("_peak_gib", ""): max(h.get(k, 0) for h in history)
-              for k in history[-1] if k.startswith("memory/")}
-    return [f"| {shape} ({params / 1e9:.2f}B) | {timing}, other {other:.1f} s | "
+              for k in history[-1] if k.startswith("memory/") and k.endswith("_peak_gib")}
+    engine = " / ".join(f"{max(h.get(f'memory/engine_{w}_gib', 0) for h in history):.1f}" for w in ("awake", "asleep"))
+    first = [h for h in history if h["step"] == 1]
+    return (f"| {label} ({params / 1e9:.2f}B) | {timing}, other {other:.1f} s | "
             f"{mean('generate/tokens_per_s'):.0f} / {mean('generate/total_tokens_per_s'):.0f} | "
+            f"{mean('timing/generate', first):.1f} / {mean('timing/generate'):.1f} | "
             f"{100 * mfu:.1f}% ({tokens:.0f} tokens) | "
             + ", ".join(f"{k} {v:.1f}" for k, v in sorted(memory.items()))
-            + f" (sum {sum(memory.values()):.1f}) | "
+            + f" (sum {sum(memory.values()):.1f}) | {engine} | "
             + ", ".join(f"GPU{g} {v:.1f}" for g, v in sorted(device_peak.items()))
-            + f" | {mean('policy/rollout_logprob_diff'):.2e} / "
-              f"{mean('policy/rollout_k3'):.2e} |"]
+            + f" | {mean('sync/adapter_load_s'):.2f} | {mean('policy/rollout_logprob_diff'):.2e} / "
+              f"{mean('policy/rollout_k3'):.2e} |")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["2b", "8b"], choices=sorted(SHAPES))
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--engines", nargs="+", default=["hf"], choices=["hf", "vllm"])
+    ap.add_argument("--workloads", nargs="+", default=["short"], choices=sorted(WORKLOADS))
     ap.add_argument("--out", default="runs/gpu_scale")
+    ap.add_argument("--keep-model", action="store_true", help="leave the built model under --out for a later call")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     rows = []
     for shape in args.shapes:
-        model, run = out / f"model-{shape}", out / f"run-{shape}"
+        model = out / f"model-{shape}"
         started = time.time()
-        params = build(shape, model)
-        print(f"built {shape}: {params / 1e9:.2f}B parameters in {time.time() - started:.0f}s", flush=True)
-        with DeviceMemory() as device:
-            code = subprocess.call([sys.executable, "driver.py", *workload(model, run, args.steps), *args.overrides],
-                                   cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-        history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        if code != 0 or not history:
-            raise SystemExit(f"the {shape} run failed (exit {code})")
-        rows += summarize(shape, params, history, device.peak)
-        subprocess.call(["rm", "-rf", str(model)])  # 16 GB at 8B: the next shape needs the disk
-    print("| shape | seconds a step (mean after step 1) | generated / prompt+generated tok/s | train MFU "
-          "(4 x N x tokens / 989 TFLOP/s) | peak GPU memory by actor, GiB | device peak (nvidia-smi), GiB | "
-          "engine-vs-trainer log-prob gap (mean abs / k3) |")
-    print("|---|---|---|---|---|---|---|")
+        if not (model / "config.json").exists():
+            build(shape, model)
+        params = model_params(model)
+        print(f"{shape}: {params / 1e9:.2f}B parameters, ready in {time.time() - started:.0f}s", flush=True)
+        for name in args.workloads:
+            for engine in args.engines:
+                label = f"{shape} {name} {engine}"
+                run = out / f"run-{shape}-{name}-{engine}"
+                with DeviceMemory() as device:
+                    code = subprocess.call([sys.executable, "driver.py", *workload(model, run, args.steps, name),
+                                            f"generator.inference_engine.backend={engine}", *args.overrides],
+                                           cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+                log = run / "metrics.jsonl"
+                history = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+                if code != 0 or not history:
+                    rows.append(f"| {label} | failed (exit {code}) |")
+                    print(rows[-1], flush=True)
+                    continue
+                rows.append(summarize(label, params, history, device.peak))
+                print(rows[-1], flush=True)
+        if not args.keep_model:
+            subprocess.call(["rm", "-rf", str(model)])  # 16 GB at 8B: the next shape needs the disk
+    print("| shape, workload, engine | seconds a step (mean after step 1) | generated / prompt+generated tok/s | "
+          "generate s, step 1 (base) / later (adapter) | train MFU (4 x N x tokens / 989 TFLOP/s) | "
+          "peak GPU memory by actor, GiB | engine memory awake / asleep, GiB | device peak (nvidia-smi), GiB | "
+          "adapter load s a sync | engine-vs-trainer log-prob gap (mean abs / k3) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
+
+
+def model_params(model: Path) -> int:
+    """The parameter count of a saved model, from its safetensors headers (nothing loaded)."""
+    from safetensors import safe_open
+    total = 0
+    for f in model.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            for key in st.keys():
+                n = 1
+                for d in st.get_slice(key).get_shape():
+                    n *= d
+                total += n
+    return total
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
     python bench/rollout_throughput.py [--episodes 64 512] [--threads 2]
     .venv-vllm/bin/python bench/rollout_throughput.py --backends hf vllm --adapter random --episodes 64
+    python bench/rollout_throughput.py --device cuda --backends vllm --adapter random --episodes 192 \
+        trainer.policy.model.path=MODEL environment.cell_px=32 ...     (a GPU, another model)
 
 Runs the real multi-turn rollout (EnvPool + VLLMEngine + RolloutRunner) in one process on the
 shipped base model with the default config's chat format and sampling, for each backend, without
@@ -18,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def random_adapter(cfg, out: str, seed: int = 0) -> str:
+def random_adapter(cfg, out: str, seed: int = 0, dtype=None) -> str:
     """A PEFT adapter of the run's LoRA shape with non-zero weights."""
     from dataclasses import asdict
 
@@ -30,7 +32,8 @@ def random_adapter(cfg, out: str, seed: int = 0) -> str:
     torch.manual_seed(seed)
     config = lora_config(asdict(cfg.trainer.policy.model.lora))
     config.init_lora_weights = False
-    model = get_peft_model(AutoModelForImageTextToText.from_pretrained(cfg.trainer.policy.model.path), config)
+    # bf16 where the model is large: an 8B base in fp32 is 32 GB of host memory for an adapter of a few MB
+    model = get_peft_model(AutoModelForImageTextToText.from_pretrained(cfg.trainer.policy.model.path, dtype=dtype), config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -50,12 +53,13 @@ def main():
     from rl.inputs import load_datasets, make_prompter
     from rl.rollout import RolloutRunner, Task
     from settings import load_config
-    from vlm.load import resolve_model_path
+    from vlm.load import compute_dtype, resolve_model_path
     from vlm.processor import load_processor
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, nargs="+", default=[64, 512])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--backends", nargs="+", default=["hf"], choices=["hf", "vllm"])
     ap.add_argument("--adapter", default="", help="an adapter folder, or 'random' (the default config's shape)")
     ap.add_argument("overrides", nargs="*")
@@ -64,7 +68,9 @@ def main():
     cfg = load_config(None, args.overrides + ["trainer.run_dir=runs/bench", "data.dataset_dir=runs/bench/data"])
     g = cfg.generator
     train_rows, _ = load_datasets(cfg)
-    adapter = random_adapter(cfg, tempfile.mkdtemp(prefix="bench-adapter-")) if args.adapter == "random" else args.adapter
+    dtype = compute_dtype(args.device)
+    adapter = (random_adapter(cfg, tempfile.mkdtemp(prefix="bench-adapter-"), dtype=getattr(torch, dtype))
+               if args.adapter == "random" else args.adapter)
     prompter = make_prompter(load_processor(resolve_model_path(cfg.trainer.policy.model.path)), cfg)
     env = EnvPool(cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)
     sampling = Sampling(max_new_tokens=g.sampling_params.max_generate_length, temperature=g.sampling_params.temperature,
@@ -73,7 +79,8 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for backend in args.backends:
         cfg.generator.inference_engine.backend = backend
-        engine = VLLMEngine(cfg.trainer.policy.model.path, threads=args.threads, **engine_settings(cfg))
+        engine = VLLMEngine(cfg.trainer.policy.model.path, device=args.device, dtype=dtype, threads=args.threads,
+                            **engine_settings(cfg))
         runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate, prompter, env)
         for version, folder in [(0, None)] + ([(1, adapter)] if adapter else []):
             if folder:

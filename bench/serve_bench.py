@@ -79,10 +79,11 @@ def main():
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     settings = {"base_model": base, "dynamic_lora_loading_path": "s3://adapters/bench", "s3_endpoint_url": s3.url,
                 "max_loras": str(args.adapters), "max_lora_rank": "16", "num_cpus": "2"}
+    gpu = {"num_gpus": "1"} if ray.cluster_resources().get("GPU") else {}  # the hf server's replica on the GPU
     base_id = "maze-vl-base"
     rows = {}
     for backend in args.backends:  # one app at a time, the other idle: they share the cores
-        serve.run(app({**settings, "backend": backend, **({"cache_dir": str(tmp / "cache")} if backend == "hf" else {})}),
+        serve.run(app({**settings, "backend": backend, **({"cache_dir": str(tmp / "cache"), **gpu} if backend == "hf" else {})}),
                   name=backend, route_prefix=f"/{backend}")
         rows[backend] = measure(f"http://127.0.0.1:{args.port}/{backend}", base_id, names, body, args)
         serve.delete(backend)

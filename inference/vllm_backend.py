@@ -134,7 +134,13 @@ class VLLMBackend:
             raise AdapterRankError(f"adapter {folder} has LoRA rank {rank}, above the engine's max_lora_rank "
                                    f"{self.max_lora_rank}: raise trainer.policy.model.lora.rank's engine limit "
                                    "or train a smaller adapter")
-        self.lora = LoRARequest(f"policy-v{version}", version + 1, folder)  # ids must be > 0
+        previous, self.lora = self.lora, LoRARequest(f"policy-v{version}", version + 1, folder)  # ids must be > 0
+        # loaded now, not on the next generate: a sync's cost shows in sync/adapter_load_s, and the
+        # older version leaves the engine's LoRA slots (its id is never asked for again)
+        engine = self.llm.llm_engine
+        engine.add_lora(self.lora)
+        if previous is not None and previous.lora_int_id != self.lora.lora_int_id:
+            engine.remove_lora(previous.lora_int_id)
 
     def sleep(self) -> None:
         if self.can_sleep:

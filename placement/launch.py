@@ -54,6 +54,13 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
     dtype = compute_dtype(device)
     policy, ref, engines, env_pool, checkpointer = [], [], [], None, None
     try:
+        engines = [ray.remote(VLLMEngine).options(**slot_options(groups, pool, i, slot, ns)).remote(
+            model_path, device=device, rank=slot.rank, dtype=dtype, threads=threads, **engine_settings(cfg))
+            for pool, i, slot in plan.slots("engine")]
+        if g.inference_engine.backend == "vllm" and plan.use_gpu:
+            # vLLM sizes its KV cache from the GPU memory it sees free while it profiles: shards loading
+            # onto the same GPU meanwhile would be counted against it, so they start once it is up
+            ray.get([e.status.remote() for e in engines])
         policy = [ray.remote(FSDPPolicyShard).options(**slot_options(groups, pool, i, slot, ns)).remote(
             model_path, rank=slot.rank, world_size=len(plan.slots("policy")), device=device,
             lora=asdict(t.policy.model.lora), optimizer=asdict(t.policy.optimizer_config),
@@ -64,9 +71,6 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
             model_path, rank=slot.rank, world_size=len(plan.slots("ref")), device=device,
             cpu_offload=t.ref.fsdp_config.cpu_offload, s3_cfg=cfg.s3, threads=threads, dtype=dtype)
             for pool, i, slot in plan.slots("ref")]
-        engines = [ray.remote(VLLMEngine).options(**slot_options(groups, pool, i, slot, ns)).remote(
-            model_path, device=device, rank=slot.rank, dtype=dtype, threads=threads, **engine_settings(cfg))
-            for pool, i, slot in plan.slots("engine")]
         env_pool = ray.remote(EnvPool).options(name="EnvPool", namespace=ns, num_cpus=0).remote(
             cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)
         checkpointer = start_checkpointer(cfg)

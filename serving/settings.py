@@ -29,6 +29,7 @@ class ServeSettings:
     cache_dir: str = ""                          # adapter download cache; default ~/.cache/visrl/adapters
     s3_endpoint_url: str = ""                    # S3-compatible store (MinIO, moto); AWS_ENDPOINT_URL works too
     num_cpus: float = 1.0
+    num_gpus: float = 0.0                        # per replica of the hf server; a fraction shares a GPU
 
     @classmethod
     def from_args(cls, args: dict) -> "ServeSettings":
@@ -49,6 +50,8 @@ class ServeSettings:
             raise ValueError(f"serve argument 'backend' must be hf or vllm, got '{s.backend}'")
         if s.max_loras < 1 or s.num_replicas < 1:
             raise ValueError("max_loras and num_replicas must be >= 1")
+        if s.num_gpus < 0 or s.num_cpus <= 0:
+            raise ValueError(f"num_gpus must be >= 0 and num_cpus > 0; got num_gpus={s.num_gpus}, num_cpus={s.num_cpus}")
         if not s.base_id:
             s.base_id = Path(s.base_model.rstrip("/")).name
         return s
