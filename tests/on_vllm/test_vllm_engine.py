@@ -122,6 +122,9 @@ def test_version_two_replaces_version_one(cfg, engines, eval_rows, tmp_path):
     v2 = episodes(runner, eval_rows, GREEDY, 11)
     assert [t.response_ids for e in v1 for t in e.turns] != [t.response_ids for e in v2 for t in e.turns]
     assert_same_episodes(episodes(hf_runner, eval_rows, GREEDY, 11), v2)
+    # loaded at the sync, not at the next generate, and the older version left the engine
+    assert set(engine.backend.llm.llm_engine.list_loras()) == {12}
+    assert engine.status()["memory_awake_gib"] is None  # no GPU: no engine memory to report
     with pytest.raises(StaleAdapterError):
         engine.generate([], GREEDY, expect_version=10)
 
