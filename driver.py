@@ -46,6 +46,9 @@ def parse_args(argv):
                     help="how --chaos-kill-every kills: SIGKILL of the actor's process, ray.kill, or alternating")
     ap.add_argument("--chaos-in-recovery", action="store_true",
                     help="also kill the EnvPool while the first recovery rebuilds the actors (a second fault)")
+    ap.add_argument("--chaos-kill-node", action="append", default=[], metavar="PHASE@STEP",
+                    help="kill a worker node (its raylet and every process on it) during PHASE of STEP, e.g. train@5; "
+                         "repeatable (a multi-node cluster; docs/fault-tolerance.md)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.train_batch_size=24")
     return ap.parse_intermixed_args(argv)
 
@@ -74,7 +77,7 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
     cfg = run.cfg
     t, a, g = cfg.trainer, cfg.trainer.algorithm, cfg.generator
     temperature = g.sampling_params.temperature
-    phases = Phases()
+    phases = Phases(on_enter=lambda phase: fleet.chaos_at_phase(step, phase))
 
     # 1. sample: the next batch of prompts (one maze each), in the dataloader's seeded order
     with phases("sample"):
@@ -206,13 +209,14 @@ def step_line(step: int, total: int, m: dict) -> str:
             f"{m['timing/step']:.1f}s (gen {m.get('timing/generate', 0):.1f}s, train {m.get('timing/train', 0):.1f}s)")
 
 
-def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_recovery: bool = False) -> int:
-    """Check the inputs, start the fleet, resume, then grpo_step until the last step."""
-    import ray
+def train(cfg, chaos=None) -> int:
+    """Check the inputs, start the fleet, resume, then grpo_step until the last step (`chaos`:
+    placement.chaos.Chaos, the faults asked for on the command line)."""
     from tqdm import tqdm
 
     from actors.checkpointer import Checkpointer, resume_step
-    from placement.fleet import ACTOR_FAILURES, Chaos, Fleet
+    from placement.fleet import Fleet
+    from placement.runtime_env import connect, run_namespace
     from rl.inputs import check_model_path, check_prompt_fits, load_datasets, load_validation, make_prompter
     from rl.sampler import PromptSampler, repeat_long_routes
     from rl.state import RunState
@@ -223,11 +227,12 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
 
     t = cfg.trainer
     check_model_path(t.policy.model.path)
-    prompter = make_prompter(load_processor(resolve_model_path(t.policy.model.path, cfg.s3)), cfg)
+    prompter = make_prompter(load_processor(resolve_model_path(t.policy.model.path, cfg.s3, weights=False)), cfg)
     check_prompt_fits(prompter, cfg)
     # which checkpoint to resume from, found before any actor starts (none that verifies: an error)
     resume_at = resume_step(Checkpointer(t.ckpt_path, cfg.s3), t.ckpt_path) if t.resume_mode == "latest" else None
     train_rows, eval_rows = load_datasets(cfg)
+    cfg.ray.namespace = run_namespace(cfg.ray.namespace, t.run_name)  # before config.yaml records it
     sampler = PromptSampler(repeat_long_routes(train_rows, cfg.data.long_route_repeats), t.train_batch_size, t.seed,
                             cfg.data.replay_share)
     run = Run(cfg, Path(t.run_dir), eval_rows, load_validation(cfg), t.epochs * sampler.steps_per_epoch,
@@ -237,10 +242,8 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
     if t.strategy == "fsdp":
         print("note: trainer.strategy=fsdp runs FSDP2 (fully_shard), as fsdp2 does; FSDP1 is not supported", flush=True)
 
-    ray.init(address=cfg.ray.address, namespace=cfg.ray.namespace, include_dashboard=cfg.ray.include_dashboard,
-             configure_logging=False)
-    fleet = Fleet(cfg, run.total_steps, run.dir, resolve_device(t.device), prompter,
-                  Chaos(chaos_every, chaos_method, chaos_in_recovery))
+    connect(cfg)
+    fleet = Fleet(cfg, run.total_steps, run.dir, resolve_device(t.device), prompter, chaos)
     fleet.start()
     state = RunState(0, None, sampler)
     restore_s = fleet.restore(state, t.resume_mode, resume_at)
@@ -258,17 +261,23 @@ def train(cfg, chaos_every: int = 0, chaos_method: str = "sigkill", chaos_in_rec
 
     bar = tqdm(total=run.total_steps, initial=state.step, desc=f"{t.algorithm.advantage_estimator} {t.project_name}/{t.run_name}",
                unit="step")
+    recovered = None  # the record of a recovery whose next step has not finished yet
     while state.step < run.total_steps:
         step, started = state.step + 1, time.perf_counter()
         try:
             metrics = grpo_step(step, state, fleet, run)
-        except ACTOR_FAILURES as failure:
-            record = fleet.recover(failure, state, step)  # rebuild the actors, reload the newest checkpoint
+        except Exception as failure:
+            if not fleet.is_actor_failure(failure):
+                raise
+            recovered = fleet.recover(failure, state, step)  # rebuild the actors, reload the newest checkpoint
             log.rewind(state.step)
-            pending |= {"recovery/restarts": fleet.restarts, "recovery/steps_lost": record["steps_lost"]}
+            pending |= {"recovery/restarts": fleet.restarts, "recovery/steps_lost": recovered["steps_lost"]}
             bar.n = state.step
             bar.refresh()
             continue
+        if recovered is not None:
+            pending |= fleet.step_done_after_recovery(recovered)
+            recovered = None
         metrics |= pending | {"timing/step": time.perf_counter() - started, "time": time.time()}
         pending = {}
         log.log(step, metrics)
@@ -342,6 +351,15 @@ def make_dataset(cfg, out_dir: str) -> int:
     return 0
 
 
+def chaos_from_args(args):
+    from placement.chaos import Chaos, parse_node_kills
+    try:
+        node_kills = parse_node_kills(args.chaos_kill_node)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return Chaos(args.chaos_kill_every, args.chaos_method, args.chaos_in_recovery, node_kills)
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -352,7 +370,7 @@ def main(argv=None) -> int:
             return make_dataset(cfg, args.make_dataset)
         if args.eval_only:
             return eval_only(cfg, args.eval_set, args.adapter)
-        return train(cfg, args.chaos_kill_every, args.chaos_method, args.chaos_in_recovery)
+        return train(cfg, chaos_from_args(args))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

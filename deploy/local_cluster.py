@@ -4,9 +4,12 @@ topology of the reference run (docs/cluster.md) on a laptop.
     python deploy/local_cluster.py up [--workers 2] [--cpus 2] [--devices 1]   # head + worker nodes
     python deploy/local_cluster.py add-worker [--cpus 2] [--devices 1]         # a (replacement) node joins
     python deploy/local_cluster.py kill-worker w1                              # a node fails: SIGKILL, all of it
+    python deploy/local_cluster.py platform [--replace-after 10]               # replace lost workers, as a platform does
     python deploy/local_cluster.py status                                      # nodes as Ray sees them
     python deploy/local_cluster.py down                                        # every node this script started
 
+Nodes start without the Hugging Face and AWS variables of the shell that starts them (as a real
+cluster's nodes would not have them): a run passes them on itself (placement/runtime_env.py).
 The head is started as the reference's head is: `ray start --head` with no CPUs and no GPUs for
 actors (the driver, the object store, the dashboard with its job server, and the actors that ask
 for nothing: EnvPool, Checkpointer). Each worker is `ray start --address=...` with its own raylet
@@ -19,8 +22,10 @@ leave the resource off). The cluster's addresses are written to <dir>/cluster.js
     RAY_ADDRESS=$(python deploy/local_cluster.py address) python driver.py ray.address=auto ...
     ray job submit --address $(python deploy/local_cluster.py dashboard) --working-dir . -- python driver.py ...
 
-Only this script's nodes are stopped by `down` (never `ray stop`, which would stop every Ray
-instance on the machine). Dashboard and job server bind to 127.0.0.1.
+The cluster keeps its session files in a temp dir of its own, so a plain `ray.init()` elsewhere on
+the machine starts its own instance instead of joining this one (Ray joins the last `ray start`
+cluster it finds under /tmp/ray). Only this script's nodes are stopped by `down` (never `ray stop`,
+which would stop every Ray instance on the machine). Dashboard and job server bind to 127.0.0.1.
 """
 from __future__ import annotations
 
@@ -35,8 +40,16 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "runs" / "cluster"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from placement.runtime_env import FORWARDED_ENV  # noqa: E402
+
+DEFAULT_DIR = ROOT / "runs" / "cluster"
 DEVICE_RESOURCE = "visrl_device"
+# The head's GCS declares a silent node dead after 3 missed checks a second apart (~3 s), not Ray's
+# default 5 x 3 s (~15 s): node-loss runs on one machine spend less time waiting. Nothing else changes.
+FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+                      "RAY_health_check_failure_threshold": "3"}
 
 
 def free_port() -> int:
@@ -77,13 +90,17 @@ class LocalCluster:
         return {**os.environ, "RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "disabled"}
 
     # ---- nodes ------------------------------------------------------------------------------
-    def _start(self, name: str, args: list[str]) -> dict:
+    def _start(self, name: str, args: list[str], env: dict | None = None) -> dict:
         """`ray start ... --block` in a session of its own; returns the node's record once it has joined."""
         self.dir.mkdir(parents=True, exist_ok=True)
         log = open(self.dir / f"{name}.log", "ab")
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        # `python` on the nodes (a job's entrypoint, say) is this environment's, as an image's would be;
+        # your shell's credentials and caches are not: a run gets them only by passing them on
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        env = {**{k: v for k, v in os.environ.items() if k not in FORWARDED_ENV}, "PATH": path,
+               "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
         proc = subprocess.Popen([ray_cli(), "start", "--block", "--disable-usage-stats",
-                                 "--dashboard-agent-listen-port", str(free_port()),
+                                 "--temp-dir", self.state["temp_dir"], "--dashboard-agent-listen-port", str(free_port()),
                                  "--min-worker-port", "0", "--max-worker-port", "0", *args],
                                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return {"name": name, "pid": proc.pid, "started": time.time()}
@@ -93,12 +110,15 @@ class LocalCluster:
         if self.state.get("head") and _alive(self.state["head"]["pid"]):
             raise SystemExit(f"a cluster from {self.dir} is already up ({self.address}); `down` it first")
         port, dash = free_port(), free_port()
+        # short: Ray's socket paths under it must stay below the OS's 107 characters
+        temp_dir = f"/tmp/visrl-ray-{port}"
         self.state = {"address": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "workers": [],
-                      "object_store_bytes": object_store_mb * 2**20}
+                      "object_store_bytes": object_store_mb * 2**20, "temp_dir": temp_dir}
         self.state["head"] = self._start("head", [
             "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "0", "--num-gpus", "0",
             "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
-            "--ray-client-server-port", str(free_port()), "--object-store-memory", str(self.state["object_store_bytes"])])
+            "--ray-client-server-port", str(free_port()), "--object-store-memory", str(self.state["object_store_bytes"])],
+            env=FAST_HEALTH_CHECKS)
         self._save()
         self.wait_for(1, timeout_s)
         for _ in range(workers):
@@ -136,9 +156,33 @@ class LocalCluster:
     def down(self) -> None:
         for record in self.state.get("workers", []) + ([self.state["head"]] if self.state.get("head") else []):
             _kill_session(record["pid"])
+        if self.state.get("temp_dir"):
+            shutil.rmtree(self.state["temp_dir"], ignore_errors=True)
         if self.state_file.exists():
             self.state_file.unlink()
         self.state = {}
+
+    def platform(self, replace_after_s: float = 10.0, cpus: float = 2, devices: int = 1, gpus: int = 0,
+                 poll_s: float = 1.0) -> None:
+        """Replace lost workers, as a managed platform does: a worker whose node Ray reports dead is
+        cleaned up and, `replace_after_s` later, a new one joins. Runs until stopped (SIGTERM, Ctrl-C)."""
+        while True:
+            try:
+                dead = {n["node_id"] for n in self.nodes() if not n["alive"]}
+            except (RuntimeError, subprocess.TimeoutExpired):
+                dead = set()
+            for record in list(self.state["workers"]):
+                if record.get("replaced_by") or record.get("node_id") not in dead:
+                    continue
+                print(f"platform: worker {record['name']} (node {record['node_id'][:8]}) is lost; "
+                      f"replacing it in {replace_after_s:g}s", flush=True)
+                _kill_session(record["pid"])  # whatever of it still runs
+                time.sleep(replace_after_s)
+                new = self.add_worker(cpus, devices, gpus)
+                record["replaced_by"] = new["name"]
+                self._save()
+                print(f"platform: worker {new['name']} joined as node {new['node_id'][:8]}", flush=True)
+            time.sleep(poll_s)
 
     # ---- what Ray sees ---------------------------------------------------------------------
     def nodes(self) -> list[dict]:
@@ -216,6 +260,11 @@ def main(argv=None) -> int:
         p.add_argument("--devices", type=int, default=1, help=f"slots of the custom resource {DEVICE_RESOURCE}")
         p.add_argument("--gpus", type=int, default=0, help="real GPUs a worker offers (GPU machines)")
     sub.add_parser("kill-worker").add_argument("name")
+    p = sub.add_parser("platform")
+    p.add_argument("--replace-after", type=float, default=10.0, help="seconds from a node's loss to its replacement")
+    p.add_argument("--cpus", type=float, default=2)
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--gpus", type=int, default=0)
     for name in ("down", "status", "address", "dashboard"):
         sub.add_parser(name)
     args = ap.parse_args(argv)
@@ -233,6 +282,8 @@ def main(argv=None) -> int:
     elif args.command == "kill-worker":
         cluster.kill_worker(args.name)
         print(f"worker {args.name}: every process killed (SIGKILL)")
+    elif args.command == "platform":
+        cluster.platform(args.replace_after, args.cpus, args.devices, args.gpus)
     elif args.command == "down":
         cluster.down()
         print("cluster down")

@@ -1,59 +1,54 @@
 """The run's long-lived actors and their lifecycle: start, teardown, restore from a checkpoint,
-checkpoint saves with a time bound, recovery when an actor dies, and chaos kills.
+checkpoint saves with a time bound, recovery when an actor or a node is lost, and chaos kills.
 
 The driver's step reaches the actors only through the clients held here (`engines`: sampling,
 `trainer`: the policy and reference shards, `env`: the env pool), so a rebuild swaps every handle
 at once. Recovery is a loop (docs/fault-tolerance.md): a fault while rebuilding counts as another
-restart, up to `trainer.max_restarts`, with a growing pause between attempts; every attempt is a
-line in recoveries.jsonl.
+restart, up to `trainer.max_restarts`, with a growing pause between attempts; a lost node makes
+the rebuild wait, up to `trainer.placement.recovery_timeout_s`, until the cluster can place the
+groups again (a platform replacing the node). Every attempt is a line in recoveries.jsonl.
 """
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, ObjectLostError, RayActorError, RayTaskError
 
 from actors.checkpointer import Checkpointer, CheckpointError, parse_step_path, resume_step
 from actors.handles import EngineClient, Sync, TrainingClient, call_all
 from inference.requests import AdapterRef
+from placement.chaos import NODE_KILL_PHASES, Chaos, kill_actor, start_killer
 from placement.groups import PlacementError
 from placement.launch import launch, restart_checkpointer, teardown
 from placement.plan import make_plan
 from rl.rollout import RolloutRunner
 from rl.state import RunState
 
-# What an actor's death looks like to the driver (a crashed, killed or unreachable actor).
-ACTOR_FAILURES = (RayActorError, ActorUnavailableError)
+# What an actor's death looks like to the driver: a crashed, killed or unreachable actor, or an
+# object that lived on a lost node (a ref shard's log-probs, say).
+ACTOR_FAILURES = (RayActorError, ActorUnavailableError, ObjectLostError)
 
 
 class GiveUp(RuntimeError):
-    """More actor failures than trainer.max_restarts allows."""
+    """More actor failures than trainer.max_restarts allows, or a cluster that never came back."""
 
 
 def describe(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
+    """One line for a log: a task's own error (its cause), not the actor's banner Ray puts first."""
+    import re
+    cause = getattr(error, "cause", None) or error
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(cause)).strip()
+    first = text.splitlines()[0][:300] if text else ""
+    return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
 
 
-@dataclass
-class Chaos:
-    """--chaos-kill-every: kill a random actor every N steps, by SIGKILL of its process (as a crash
-    would), with ray.kill, or alternating ("mixed"); with `in_recovery`, also kill one while the
-    first recovery is rebuilding (a second fault)."""
-    every: int = 0
-    method: str = "sigkill"
-    in_recovery: bool = False
-    kills: int = 0
-    steps: set = field(default_factory=set)  # a step redone after a recovery is not killed again
-
-    def due(self, step: int, total_steps: int) -> bool:
-        return bool(self.every) and step % self.every == 0 and step < total_steps and step not in self.steps
+def code_root(actor) -> str:
+    """The folder an actor's code was imported from (a Ray Job's working directory, an image, a checkout)."""
+    import inspect
+    return str(Path(inspect.getfile(type(actor))).resolve().parent.parent)
 
 
 class Fleet:
@@ -66,20 +61,73 @@ class Fleet:
         self.restarts = 0
         self.durable_step = 0         # the newest step a checkpoint holds (0: none)
         self.save_failed = False      # the last save failed: the next step saves again
+        self.placed_at = None         # when the groups of the current actors were placed (time.time())
+        self.killers = {}             # node id -> the NodeKiller waiting there (--chaos-kill-node)
 
     # ---- start and stop ---------------------------------------------------------------------------
-    def start(self) -> None:
-        self.actors = launch(self.cfg, self.plan, self.cfg.trainer.policy.model.path, self.total_steps)
+    def start(self, timeout_s: float | None = None) -> float:
+        """Place and start the actors (the groups wait up to `timeout_s`, default
+        trainer.placement.timeout_s); returns the seconds the groups took to be placed."""
+        self.actors = launch(self.cfg, self.plan, self.cfg.trainer.policy.model.path, self.total_steps, timeout_s,
+                             waiting=lambda message: print(f"waiting for the cluster: {message}", flush=True))
+        self.placed_at = self.actors.placed_at
         self.engines = EngineClient(self.actors.engines)
         self.trainer = TrainingClient(self.actors.policy, self.actors.ref,
                                       ref_from_policy=self.cfg.trainer.ref_source() == "policy")
         self.env = Sync(self.actors.env_pool)
         self.runner = RolloutRunner.from_config(self.cfg, self.engines.generate, self.prompter, self.env)
+        self._write_placement()
+        if self.chaos.node_kills:
+            self._start_killers()
+        return self.actors.placement_s
+
+    def _write_placement(self) -> None:
+        """{run_dir}/placement.json: which node holds each named actor (rewritten at every start)."""
+        import ray
+        handles = self.actors.all_handles()
+        code = dict(zip(handles, ray.get([h.__ray_call__.remote(code_root) for h in handles.values()])))
+        record = {"time": time.time(), "namespace": self.cfg.ray.namespace,
+                  "driver_node": ray.get_runtime_context().get_node_id(), "actors": self.actors.nodes,
+                  "code": code}
+        tmp = self.run_dir / "placement.json.tmp"
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(self.run_dir / "placement.json")
+        nodes = sorted(set(self.actors.nodes.values()))
+        print(f"placed {len(self.actors.nodes)} actors on {len(nodes)} node(s): " + "; ".join(
+            f"{n[:8]}: {', '.join(a for a, m in self.actors.nodes.items() if m == n)}" for n in nodes), flush=True)
 
     def teardown(self) -> None:
+        import ray
         if self.actors is not None:
-            teardown(self.actors, self.cfg.ray.namespace)
+            teardown(self.actors)
             self.actors = None
+        for killer in self.killers.values():
+            ray.kill(killer)
+        self.killers = {}
+
+    def is_actor_failure(self, error: BaseException, wait_s: float = 60.0) -> bool:
+        """Is `error` the loss of an actor (or of its node)? Beside Ray's own actor errors, a task
+        error counts when one of the run's actors or nodes died meanwhile: a shard whose collective
+        peer was lost fails first, with the peer's connection error, before Ray has declared the peer
+        dead (on a lost node that takes Ray's health checks, ~15 s): that is waited for, up to wait_s."""
+        if isinstance(error, ACTOR_FAILURES) or isinstance(getattr(error, "cause", None), ACTOR_FAILURES):
+            return True
+        if not isinstance(error, RayTaskError) or self.actors is None:
+            return False
+        import ray
+        ours = set(self.actors.nodes.values())
+        pending = [h.__ray_ready__.remote() for h in self.actors.all_handles().values()]
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if any(not n["Alive"] and n["NodeID"] in ours for n in ray.nodes()):
+                return True
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ACTOR_FAILURES:
+                    return True
+        return False
 
     def check_alive(self) -> None:
         """Every actor answers (raises an actor failure otherwise)."""
@@ -156,9 +204,12 @@ class Fleet:
 
     # ---- faults -----------------------------------------------------------------------------------
     def recover(self, failure: BaseException, state: RunState, failed_step: int) -> dict:
-        """An actor died during `failed_step`: tear everything down, rebuild, reload the newest
-        checkpoint into `state`. Retried while trainer.max_restarts allows; returns the last record."""
-        max_restarts, completed = self.cfg.trainer.max_restarts, failed_step - 1
+        """An actor (or its node) was lost during `failed_step`: tear everything down, rebuild (waiting
+        for the cluster to offer the groups again, up to trainer.placement.recovery_timeout_s), reload
+        the newest checkpoint into `state`. Retried while trainer.max_restarts allows; returns the last
+        record, with `placement_wait_s`: how long the groups took to be placed."""
+        t = self.cfg.trainer
+        max_restarts, completed = t.max_restarts, failed_step - 1
         attempt = 0
         while True:
             self.restarts += 1
@@ -169,16 +220,23 @@ class Fleet:
                              f"last failure at step {failed_step}: {cause}") from failure
             print(f"RECOVERY {self.restarts}/{max_restarts}: step {failed_step} failed: {cause}", flush=True)
             started = time.perf_counter()
-            record = {"restart": self.restarts, "attempt": attempt, "failed_step": failed_step, "cause": cause}
+            record = {"restart": self.restarts, "attempt": attempt, "failed_step": failed_step, "cause": cause,
+                      "time": time.time()}
             try:
                 self.teardown()
-                self.start()
+                record["teardown_s"] = time.perf_counter() - started
+                record["placement_wait_s"] = self.start(timeout_s=t.placement.recovery_timeout_s)
+                record["start_s"] = time.perf_counter() - started - record["teardown_s"]  # placement included
                 if self.chaos.in_recovery and attempt == 1 and self.restarts == 1:
                     self.kill_one(self.actors.all_handles(), "EnvPool", "sigkill", note="during recovery")
                 state.reset()
-                self.restore(state, "latest")
+                record["restore_s"] = self.restore(state, "latest") or 0.0
                 self.check_alive()
-            except ACTOR_FAILURES + (PlacementError,) as e:
+            except PlacementError as e:  # the cluster did not come back within recovery_timeout_s
+                record |= {"ok": False, "error": describe(e), "rebuild_s": time.perf_counter() - started}
+                self._append("recoveries.jsonl", record)
+                raise GiveUp(f"the lost actors could not be placed again: {e}") from failure
+            except ACTOR_FAILURES as e:
                 record |= {"ok": False, "error": describe(e), "rebuild_s": time.perf_counter() - started}
                 self._append("recoveries.jsonl", record)
                 failure = e
@@ -188,9 +246,20 @@ class Fleet:
                        "rebuild_s": time.perf_counter() - started}
             self._append("recoveries.jsonl", record)
             print(f"RECOVERY {self.restarts}: resumed at step {state.step}; {record['steps_lost']} step(s) done "
-                  f"since that checkpoint are lost and redone ({record['rebuild_s']:.1f}s)", flush=True)
+                  f"since that checkpoint are lost and redone ({record['rebuild_s']:.1f}s, of which "
+                  f"{record['placement_wait_s']:.1f}s waiting for the cluster)", flush=True)
             return record
 
+    def step_done_after_recovery(self, record: dict) -> dict:
+        """Metrics of the first step finished after a recovery: from the groups being placed again
+        (a replacement node had joined) to this step's end."""
+        back = time.time() - self.placed_at
+        record = {**record, "back_to_step_s": back}
+        self._append("recoveries.jsonl", {"restart": record["restart"], "back_to_step_s": back})
+        print(f"RECOVERY {record['restart']}: step finished {back:.1f}s after the groups were placed again", flush=True)
+        return {"recovery/placement_wait_s": record["placement_wait_s"], "recovery/back_to_step_s": back}
+
+    # ---- chaos ------------------------------------------------------------------------------------
     def chaos_kill(self, step: int) -> str:
         """Kill a random actor after `step` (--chaos-kill-every)."""
         c = self.chaos
@@ -202,18 +271,39 @@ class Fleet:
         return self.kill_one(handles, name, method, note=f"after step {step}", step=step)
 
     def kill_one(self, handles: dict, name: str, method: str, note: str, step: int | None = None) -> str:
-        import ray
-        handle = handles[name]
         self._append("chaos.jsonl", {"time": time.time(), "after_step": step, "actor": name, "method": method,
                                      "note": note})
-        if method == "ray_kill":
-            print(f"CHAOS: ray.kill({name}) {note}", flush=True)
-            ray.kill(handle)
-        else:
-            pid = ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()))
-            print(f"CHAOS: SIGKILL {name} (pid {pid}) {note}", flush=True)
-            os.kill(pid, signal.SIGKILL)
+        print(f"CHAOS: {'ray.kill(' + name + ')' if method == 'ray_kill' else 'SIGKILL ' + name} {note}", flush=True)
+        kill_actor(handles[name], method)
         return name
+
+    def _policy_nodes(self) -> list[str]:
+        import ray
+        head = ray.get_runtime_context().get_node_id()
+        nodes = [self.actors.nodes[name] for name in sorted(self.actors.nodes) if name.startswith("FSDPPolicyShard")]
+        return [n for n in dict.fromkeys(nodes) if n != head]
+
+    def _start_killers(self) -> None:
+        nodes = self._policy_nodes()
+        if not nodes:
+            raise ValueError("--chaos-kill-node needs policy shards on worker nodes, not on the driver's node "
+                             "(a multi-node cluster: deploy/local_cluster.py)")
+        self.killers = {n: start_killer(n) for n in nodes}
+
+    def chaos_at_phase(self, step: int, phase: str) -> None:
+        """--chaos-kill-node: at the start of `phase` of `step`, the kill of a policy shard's node."""
+        c = self.chaos
+        if not c.node_due(phase, step):
+            return
+        nodes = self._policy_nodes()
+        node = nodes[len(c.nodes_killed) % len(nodes)]
+        c.nodes_killed.append((phase, step))
+        holds = [a for a, n in self.actors.nodes.items() if n == node]
+        delay = NODE_KILL_PHASES[phase]
+        self._append("chaos.jsonl", {"time": time.time(), "step": step, "phase": phase, "node": node,
+                                     "actors": holds, "method": "node", "delay_s": delay})
+        print(f"CHAOS: killing node {node[:8]} ({', '.join(holds)}) {delay:g}s into {phase} of step {step}", flush=True)
+        self.killers[node].kill.remote(delay)
 
     def _append(self, name: str, record: dict) -> None:
         with open(self.run_dir / name, "a") as f:

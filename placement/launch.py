@@ -4,9 +4,10 @@ Actor classes are plain Python classes; `ray.remote` is applied here, at placeme
 """
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
-from placement.groups import create_groups, remove_groups
+from placement.groups import bundle_nodes, create_groups, remove_groups
 from placement.plan import Plan
 from settings.schema import Config
 
@@ -19,6 +20,9 @@ class ActorSet:
     policy: list
     ref: list
     checkpointer: object
+    nodes: dict  # actor name -> the node id Ray placed it on
+    placement_s: float  # how long the placement groups took to be placed
+    placed_at: float    # when they were (time.time())
 
     def all_handles(self) -> dict:
         named = {"EnvPool": self.env_pool}
@@ -37,7 +41,19 @@ def slot_options(groups, pool, bundle_index, slot, namespace) -> dict:
                 placement_group=groups[pool.name], placement_group_bundle_index=bundle_index)}
 
 
-def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorSet:
+def on_driver_node() -> dict:
+    """Actor options that keep an actor on the driver's node (the head): EnvPool and Checkpointer,
+    which reserve no resources, so the head can offer none to the groups."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    return {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)}
+
+
+def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int, timeout_s: float | None = None,
+           waiting=None) -> ActorSet:
+    """Place and start every actor of the plan; the groups wait up to `timeout_s` (default
+    trainer.placement.timeout_s), telling `waiting` what is missing meanwhile."""
     import ray
 
     from actors.env_pool import EnvPool
@@ -46,7 +62,9 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
     from actors.vllm_engine import VLLMEngine, engine_settings
     from vlm.load import compute_dtype
 
-    groups = create_groups(plan, cfg.trainer.placement.timeout_s)
+    started = time.perf_counter()
+    groups = create_groups(plan, timeout_s or cfg.trainer.placement.timeout_s, waiting)
+    placement_s, placed_at = time.perf_counter() - started, time.time()
     device = "cuda" if plan.use_gpu else "cpu"
     ns, t, g = cfg.ray.namespace, cfg.trainer, cfg.generator
     # Ray starts actors with OMP_NUM_THREADS=1; host-side work (preprocessing, sampling) wants the bundle's CPUs
@@ -71,7 +89,7 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
             model_path, rank=slot.rank, world_size=len(plan.slots("ref")), device=device,
             cpu_offload=t.ref.fsdp_config.cpu_offload, s3_cfg=cfg.s3, threads=threads, dtype=dtype)
             for pool, i, slot in plan.slots("ref")]
-        env_pool = ray.remote(EnvPool).options(name="EnvPool", namespace=ns, num_cpus=0).remote(
+        env_pool = ray.remote(EnvPool).options(name="EnvPool", namespace=ns, **on_driver_node()).remote(
             cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)
         checkpointer = start_checkpointer(cfg)
         for shards in (policy, ref):
@@ -84,10 +102,14 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int) -> ActorS
         named = {s.name: h for role, handles in (("policy", policy), ("ref", ref), ("engine", engines))
                  for (_, _, s), h in zip(plan.slots(role), handles)}
         named |= {n: h for n, h in (("EnvPool", env_pool), ("Checkpointer", checkpointer)) if h is not None}
-        release(named, ns)
+        release(named)
         remove_groups(groups)
         raise
-    return ActorSet(groups, env_pool, engines, policy, ref, checkpointer)
+    placed = bundle_nodes(groups)
+    head = ray.get_runtime_context().get_node_id()
+    nodes = {slot.name: placed[(pool.name, i)] for role in ("policy", "ref", "engine")
+             for pool, i, slot in plan.slots(role)} | {"EnvPool": head, "Checkpointer": head}
+    return ActorSet(groups, env_pool, engines, policy, ref, checkpointer, nodes, placement_s, placed_at)
 
 
 def start_checkpointer(cfg: Config):
@@ -95,7 +117,7 @@ def start_checkpointer(cfg: Config):
     import ray
 
     from actors.checkpointer import Checkpointer
-    return ray.remote(Checkpointer).options(name="Checkpointer", namespace=cfg.ray.namespace, num_cpus=0).remote(
+    return ray.remote(Checkpointer).options(name="Checkpointer", namespace=cfg.ray.namespace, **on_driver_node()).remote(
         cfg.trainer.ckpt_path, cfg.s3, cfg.trainer.max_ckpts_to_keep)
 
 
@@ -105,7 +127,7 @@ def restart_checkpointer(cfg: Config, old, ready_timeout_s: float = 60.0):
     the store, not on the new actor's start (importing torch takes seconds on a busy machine)."""
     import ray
     from ray.exceptions import GetTimeoutError
-    release({"Checkpointer": old}, cfg.ray.namespace)
+    release({"Checkpointer": old})
     fresh = start_checkpointer(cfg)
     try:
         ray.get(fresh.__ray_ready__.remote(), timeout=ready_timeout_s)
@@ -114,26 +136,21 @@ def restart_checkpointer(cfg: Config, old, ready_timeout_s: float = 60.0):
     return fresh
 
 
-def release(named: dict, namespace: str, timeout_s: float = 30.0) -> None:
-    """Kill actors ({name: handle}) and wait until Ray has freed their names for new actors."""
-    import time
-
+def release(named: dict, timeout_s: float = 30.0) -> None:
+    """Kill actors ({name: handle}) and wait (bounded) until Ray reports each dead, which frees its
+    name for a new actor. (A name lookup would not do: this process keeps handles to actors it
+    created, and learns late of those lost with a node.)"""
     import ray
     for handle in named.values():
         try:
             ray.kill(handle)
         except Exception:  # already dead
             pass
-    deadline = time.monotonic() + timeout_s
-    for name in named:
-        while time.monotonic() < deadline:
-            try:
-                ray.get_actor(name, namespace=namespace)
-            except ValueError:  # the name is free
-                break
-            time.sleep(0.1)
+    probes = [h.__ray_ready__.remote() for h in named.values()]
+    if probes:
+        ray.wait(probes, num_returns=len(probes), timeout=timeout_s)
 
 
-def teardown(actors: ActorSet, namespace: str) -> None:
-    release(actors.all_handles(), namespace)
+def teardown(actors: ActorSet) -> None:
+    release(actors.all_handles())
     remove_groups(actors.groups)

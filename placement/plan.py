@@ -5,7 +5,9 @@ Pure: no Ray here, so `driver.py --dry-run` can print the plan on a laptop.
 With `colocate_all`, every device (a GPU, or on the CPU default a slice of CPUs) is one bundle
 holding one policy shard, one ref shard and one engine with fractional resources; bundles are
 grouped node by node (one placement group per node, STRICT_PACK), so rank r of the policy sits
-on node r // gpus_per_node. Without it, policy, ref and engines get pools of their own.
+on node r // gpus_per_node. Without it, policy, ref and engines get pools of their own. The pools
+of one kind (`spread`) go to distinct nodes (placement/groups.py); EnvPool and Checkpointer sit on
+the driver's node (the head), outside the groups.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class Pool:
     node: int | None   # None: wherever Ray finds room
     bundles: list[Bundle]
     strategy: str = "STRICT_PACK"
+    spread: str | None = None  # pools sharing this key are placed on distinct nodes
 
 
 @dataclass
@@ -58,8 +61,9 @@ class Plan:
 ROLE_NAMES = {"policy": "FSDPPolicyShard", "ref": "RefShard", "engine": "VLLMEngine"}
 
 
-def _bundle(use_gpu: bool, cpus: float) -> Bundle:
-    return Bundle({"GPU": 1, "CPU": cpus} if use_gpu else {"CPU": cpus})
+def _bundle(use_gpu: bool, cpus: float, device_resource: str | None = None) -> Bundle:
+    resources = {"GPU": 1, "CPU": cpus} if use_gpu else {"CPU": cpus}
+    return Bundle(resources | ({device_resource: 1} if device_resource else {}))
 
 
 def _slot(role: str, rank: int, share: float, cpus: float, use_gpu: bool) -> Slot:
@@ -77,7 +81,7 @@ def make_plan(cfg: Config, use_gpu: bool) -> Plan:
             bundles = []
             for local in range(p.policy_num_gpus_per_node):
                 rank = node * p.policy_num_gpus_per_node + local
-                b = _bundle(use_gpu, cpus)
+                b = _bundle(use_gpu, cpus, p.device_resource)
                 b.slots.append(_slot("policy", rank, COLOCATED_SHARE["policy"], cpus, use_gpu))
                 if with_ref:
                     b.slots.append(_slot("ref", rank, COLOCATED_SHARE["ref"], cpus, use_gpu))
@@ -85,7 +89,7 @@ def make_plan(cfg: Config, use_gpu: bool) -> Plan:
                     b.slots.append(_slot("engine", rank // eng.tensor_parallel_size,
                                          COLOCATED_SHARE["engine"], cpus, use_gpu))
                 bundles.append(b)
-            pools.append(Pool(f"colocated-node{node}", node, bundles))
+            pools.append(Pool(f"colocated-node{node}", node, bundles, spread="colocated"))
         return Plan(use_gpu, pools)
 
     pools = []
@@ -96,12 +100,12 @@ def make_plan(cfg: Config, use_gpu: bool) -> Plan:
         for node in range(nodes):
             bundles = []
             for local in range(per_node):
-                b = _bundle(use_gpu, cpus)
+                b = _bundle(use_gpu, cpus, p.device_resource)
                 b.slots.append(_slot(role, node * per_node + local, 1.0, cpus, use_gpu))
                 bundles.append(b)
-            pools.append(Pool(f"{role}-node{node}", node, bundles))
+            pools.append(Pool(f"{role}-node{node}", node, bundles, spread=role))
     for e in range(eng.num_engines):
-        bundles = [_bundle(use_gpu, cpus) for _ in range(eng.tensor_parallel_size)]
+        bundles = [_bundle(use_gpu, cpus, p.device_resource) for _ in range(eng.tensor_parallel_size)]
         bundles[0].slots.append(_slot("engine", e, 1.0, cpus, use_gpu))
         pools.append(Pool(f"engine-{e}", None, bundles, strategy="PACK"))
     return Plan(use_gpu, pools)
@@ -116,11 +120,12 @@ def format_plan(plan: Plan) -> str:
              f"needs {plan.total('GPU'):g} GPU, {plan.total('CPU'):g} CPU"]
     for pool in plan.pools:
         where = f"node {pool.node}" if pool.node is not None else "any node"
-        lines.append(f"  placement group {pool.name} ({where}, {pool.strategy})")
+        apart = f", a node apart from the other {pool.spread} groups" if pool.spread and len(plan.pools) > 1 else ""
+        lines.append(f"  placement group {pool.name} ({pool.strategy}{apart})")
         for i, b in enumerate(pool.bundles):
             res = ", ".join(f"{k}:{v:g}" for k, v in b.resources.items())
             actors = "; ".join(f"{s.name} (CPU {s.num_cpus:g}" + (f", GPU {s.num_gpus:g})" if plan.use_gpu else ")")
                                for s in b.slots) or "(TP worker)"
-            lines.append(f"    bundle {i} {{{res}}}: {actors}")
-    lines.append("  outside the groups: EnvPool, Checkpointer (no reserved resources)")
+            lines.append(f"    bundle {i} {{{res}}} on {where}: {actors}")
+    lines.append("  on the driver's node (the head), no reserved resources: EnvPool, Checkpointer")
     return "\n".join(lines)

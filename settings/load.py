@@ -209,6 +209,29 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"trainer.resume_path must name a checkpoint folder ending in global_step_N; got '{t.resume_path}'")
     if not 0 < g.inference_engine.gpu_memory_utilization <= 1:
         raise ConfigError("generator.inference_engine.gpu_memory_utilization must be in (0, 1]")
+    if p.timeout_s <= 0 or p.recovery_timeout_s <= 0:
+        raise ConfigError("trainer.placement.timeout_s and recovery_timeout_s must be > 0 (seconds)")
+    if t.max_restarts < 0:
+        raise ConfigError(f"trainer.max_restarts must be >= 0; got {t.max_restarts}")
+    _refuse_placeholders(cfg)
+
+
+PLACEHOLDER = re.compile(r"<[A-Za-z][A-Za-z0-9_-]*>")
+
+
+def _refuse_placeholders(node, prefix: str = "") -> None:
+    """A value still holding a template's placeholder (`s3://<bucket>/...`) would become a real folder
+    or bucket name; every string leaf is checked."""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _refuse_placeholders(value, key + ".")
+        for item in (value if isinstance(value, list) else [value]):
+            found = PLACEHOLDER.search(item) if isinstance(item, str) else None
+            if found:
+                example = PLACEHOLDER.sub(lambda m: "my-" + m.group()[1:-1], item)
+                raise ConfigError(f"config key '{key}' still holds the placeholder {found.group()} ('{item}'): "
+                                  f"replace it, e.g. {key}={example}")
 
 
 def to_yaml(cfg: Config) -> str:

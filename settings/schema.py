@@ -64,7 +64,13 @@ class PlacementConfig:
     ref_num_nodes: int = 1
     ref_num_gpus_per_node: int = 1
     cpus_per_bundle: float = 1.0  # visrl: CPUs in each per-device bundle
-    timeout_s: float = 120.0  # visrl: give up on an unsatisfiable placement group after this
+    # visrl: a custom resource each per-device bundle also asks one of: picks a node type, or stands in
+    # for GPUs on CPU nodes (deploy/local_cluster.py gives its workers `visrl_device` slots)
+    device_resource: Optional[str] = None
+    timeout_s: float = 120.0  # visrl: give up on an unsatisfiable placement group after this, at start
+    # visrl: after a lost node, how long recovery waits for the cluster to place the groups again (a
+    # platform replacing a node takes minutes)
+    recovery_timeout_s: float = 1200.0
 
 
 @dataclass
@@ -93,7 +99,7 @@ class TrainerConfig:
     ckpt_path: str = "runs/default/ckpts"
     export_path: str = "runs/default/exports"
     max_ckpts_to_keep: int = -1
-    max_restarts: int = 2  # visrl: actor-group rebuilds before the run gives up
+    max_restarts: int = 10  # visrl: actor-group rebuilds (each a lost actor or node) before the run gives up
     fail_on_ckpt_error: bool = False  # visrl: stop the run when a checkpoint cannot be saved
     ckpt_timeout_s: float = 120.0  # visrl: longest a checkpoint save may hold up a step
     stop_after_step: int = 0  # visrl: end this invocation after that step (0 = run to the end); resume later
@@ -181,9 +187,12 @@ class DataConfig:
 
 @dataclass
 class RayConfig:
-    address: Optional[str] = None  # None starts a local cluster; "auto" joins a running one
-    namespace: str = "visrl"
+    address: Optional[str] = None  # None: RAY_ADDRESS, or a new local cluster; "auto" joins a running one
+    namespace: Optional[str] = None  # None: visrl-<run_name>-<8 hex>, new each run, so runs never share actor names
     include_dashboard: bool = False
+    # visrl: more environment variables to pass from the driver to every actor, beside the ones always
+    # passed (Hugging Face and AWS settings: placement/runtime_env.py)
+    forward_env: List[str] = field(default_factory=list)
 
 
 @dataclass

@@ -76,7 +76,7 @@ class LocalStore:
         return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def list_files(self, prefix: str) -> list[str]:
-        base = self._path(prefix)
+        base = self._path(prefix) if prefix else self.root
         if not base.is_dir():
             return []
         return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
@@ -95,11 +95,15 @@ class LocalStore:
         else:
             os.replace(tmp, dest)
 
-    def download_dir(self, key: str, local_dir: str) -> str:
-        src = self._path(key)
+    def download_dir(self, key: str, local_dir: str, only=None) -> str:
+        """Copy the folder `key` to local_dir; `only(relative path)` picks the files (default: all)."""
+        src = self._path(key) if key else self.root
         if not src.is_dir():
             raise StorageError(f"'{src}' is not a folder")
-        shutil.copytree(src, local_dir, dirs_exist_ok=True)
+        for rel in self.list_files(key):
+            if only is None or only(rel):
+                (Path(local_dir) / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src / rel, Path(local_dir) / rel)
         return local_dir
 
     def delete(self, key: str) -> None:
@@ -190,11 +194,14 @@ class S3Store:
                 rel = join(key, path.relative_to(local_dir).as_posix())
                 self._call("upload", rel, self.client.upload_file, str(path), self.bucket, self._key(rel))
 
-    def download_dir(self, key: str, local_dir: str) -> str:
+    def download_dir(self, key: str, local_dir: str, only=None) -> str:
+        """Download every object under `key` to local_dir; `only(relative path)` picks them (default: all)."""
         files = self.list_files(key)
         if not files:
             raise StorageError(f"s3://{self.bucket}/{self._key(key)}/ holds no objects")
         for rel in files:
+            if only is not None and not only(rel):
+                continue
             _check_key(rel)
             dest = Path(local_dir) / rel
             dest.parent.mkdir(parents=True, exist_ok=True)

@@ -6,11 +6,14 @@ from contextlib import contextmanager
 
 
 class Phases:
-    def __init__(self):
+    def __init__(self, on_enter=None):
         self.seconds: dict[str, float] = {}
+        self.on_enter = on_enter  # called with a phase's name as it starts (chaos hooks in here)
 
     @contextmanager
     def __call__(self, name: str):
+        if self.on_enter is not None:
+            self.on_enter(name)
         start = time.perf_counter()
         try:
             yield

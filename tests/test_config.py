@@ -27,21 +27,32 @@ trainer.ref.fsdp_config.cpu_offload=false trainer.eval_interval=10 trainer.eval_
 trainer.ckpt_interval=20 trainer.hf_save_interval=20 trainer.resume_mode=latest
 trainer.ckpt_path="s3://<bucket>/skyrl-visgym/ckpts/sft-grpo" trainer.export_path="/shared/runs/<run>-train"
 """.split()
+# ...with its placeholders filled in, as a launch must: a placeholder left in is refused
+FILLED = [k.replace("<bucket>", "maze-bucket").replace("<run>", "maze1") for k in SEED_KEYS]
 
 
 def test_every_seed_key_is_accepted_verbatim():
-    cfg = load_config(None, SEED_KEYS + ["generator.inference_engine.backend=vllm", "data.train_size=256"])
+    cfg = load_config(None, FILLED + ["generator.inference_engine.backend=vllm", "data.train_size=256"])
     assert cfg.trainer.train_batch_size == 24 and cfg.trainer.policy_mini_batch_size == 12
     assert cfg.generator.sampling_params.temperature == 0.7
     assert cfg.generator.inference_engine.engine_init_kwargs == {"max_model_len": 16000}
-    assert cfg.trainer.ckpt_path == "s3://<bucket>/skyrl-visgym/ckpts/sft-grpo"
-    assert cfg.trainer.export_path == "/shared/runs/<run>-train"
+    assert cfg.trainer.ckpt_path == "s3://maze-bucket/skyrl-visgym/ckpts/sft-grpo"
+    assert cfg.trainer.export_path == "/shared/runs/maze1-train"
     assert cfg.trainer.placement.policy_num_nodes == 3 and cfg.trainer.ref.fsdp_config.cpu_offload is False
+
+
+def test_a_placeholder_left_in_is_refused_before_it_names_a_folder():
+    with pytest.raises(ConfigError, match=r"'trainer.ckpt_path' still holds the placeholder <bucket>.*"
+                                          r"trainer.ckpt_path=s3://my-bucket/skyrl-visgym"):
+        load_config(None, SEED_KEYS)
+    with pytest.raises(ConfigError, match="'trainer.export_path' still holds the placeholder <run>"):
+        load_config(None, ["trainer.export_path=/shared/runs/<run>-train"])
+    assert load_config(None, ["generator.sampling_params.max_generate_length=8"])  # no placeholder, no error
 
 
 def test_both_shipped_configs_load():
     default = load_config(ROOT / "configs/default.yaml")
-    ref = load_config(ROOT / "configs/hyperpod_qwen3vl_8b.yaml")
+    ref = load_config(ROOT / "configs/hyperpod_qwen3vl_8b.yaml", ["trainer.ckpt_path=s3://b/ckpts"])
     assert default.trainer.device == "cpu" and default.generator.inference_engine.backend == "hf"
     assert ref.generator.inference_engine.num_engines == 6 and ref.trainer.placement.colocate_all
     assert ref.environment.env_class == "maze_2d/easy"
@@ -101,8 +112,11 @@ def run_driver(*args):
 
 
 def test_dry_run_of_the_reference_config_prints_six_engines_on_three_nodes():
-    out = run_driver("--dry-run", "--config", "configs/hyperpod_qwen3vl_8b.yaml")
+    template = run_driver("--dry-run", "--config", "configs/hyperpod_qwen3vl_8b.yaml")
+    assert template.returncode == 2 and "<bucket>" in template.stderr  # the bucket is the user's to fill
+    out = run_driver("--dry-run", "--config", "configs/hyperpod_qwen3vl_8b.yaml", "trainer.ckpt_path=s3://b/ckpts")
     assert out.returncode == 0, out.stderr
+    assert "export_path: /shared/runs/sft-grpo-train" in out.stdout  # the run's name, not a placeholder
     assert "6 engines on 3 nodes" in out.stdout
     for rank in range(6):
         assert f"VLLMEngine-{rank}" in out.stdout and f"FSDPPolicyShard-{rank}" in out.stdout
@@ -111,7 +125,7 @@ def test_dry_run_of_the_reference_config_prints_six_engines_on_three_nodes():
 
 
 def test_dry_run_accepts_the_seed_command_line_and_rejects_typos_with_status_2():
-    ok = run_driver("--dry-run", *SEED_KEYS)
+    ok = run_driver("--dry-run", *FILLED)
     assert ok.returncode == 0, ok.stderr
     assert "6 engines on 3 nodes" in ok.stdout
     bad = run_driver("--dry-run", "trainer.eval_intervall=3")

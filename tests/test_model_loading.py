@@ -52,6 +52,37 @@ def test_hugging_face_id_through_a_local_hub(tiny_model_dir, tmp_path):
         hub.stop()
 
 
+def test_the_head_downloads_only_the_processor_files(tiny_model_dir, s3_server, tmp_path):
+    """The driver builds prompts from the processor: from S3 and from the hub it fetches no weights."""
+    from settings.schema import S3Config
+    from tests.fake_hub import FakeHub
+    from vlm.processor import load_processor
+    weights = {f.name for f in Path(tiny_model_dir).glob("*.safetensors")}
+    assert weights
+    client = s3_server.client()
+    client.create_bucket(Bucket="heads")
+    for f in Path(tiny_model_dir).iterdir():
+        client.upload_file(str(f), "heads", f"sft/tiny/{f.name}")
+    folder = resolve_model_path("s3://heads/sft/tiny", S3Config(endpoint_url=s3_server.url), cache_dir=tmp_path / "s3",
+                                weights=False)
+    assert not weights & {f.name for f in Path(folder).iterdir()}
+    assert load_processor(folder).tokenizer.convert_tokens_to_ids("<|image_pad|>") is not None
+    hub = FakeHub("visgym/tiny-maze-head", tiny_model_dir)
+    try:
+        code = ("import sys; sys.path.insert(0, %r)\n"
+                "from vlm.load import resolve_model_path\n"
+                "from vlm.processor import load_processor\n"
+                "p = resolve_model_path('visgym/tiny-maze-head', cache_dir=%r, weights=False)\n"
+                "load_processor(p); print('OK')") % (str(ROOT), str(tmp_path / "hub"))
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "0"}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-2000:]
+        fetched = {p.rsplit("/", 1)[-1] for _, p in hub.requests if "/resolve/" in p}
+        assert fetched and not fetched & weights, fetched
+    finally:
+        hub.stop()
+
+
 def test_unknown_model_path_is_a_clear_error(tmp_path):
     import pytest
     with pytest.raises(FileNotFoundError, match="does not exist"):

@@ -31,7 +31,7 @@ def cluster():
     c.shutdown()
 
 
-REFERENCE = ["trainer.placement.cpus_per_bundle=1", "trainer.device=cuda"]
+REFERENCE = ["trainer.placement.cpus_per_bundle=1", "trainer.device=cuda", "trainer.ckpt_path=s3://b/ckpts"]
 
 
 def test_colocated_plan_places_every_rank_on_its_node(cluster):

@@ -49,22 +49,32 @@ def model_source(path: str) -> str:
     return "hub"
 
 
-def resolve_model_path(path: str, s3_cfg=None, cache_dir: Path | None = None) -> str:
-    """A local folder holding the model: the path itself, or a cached download of it."""
+# What the head needs of a model to build prompts: the processor's and tokenizer's files, not the weights.
+PROCESSOR_FILES = ("*.json", "*.txt", "*.jinja", "*.model", "tokenizer*")
+
+
+def resolve_model_path(path: str, s3_cfg=None, cache_dir: Path | None = None, weights: bool = True) -> str:
+    """A local folder holding the model: the path itself, or a cached download of it. With
+    `weights=False` only the processor's files are fetched (the driver on a head node builds prompts
+    and never loads the model: an 8B repository is 17 GB)."""
+    import fnmatch
     cache_dir = Path(cache_dir or DEFAULT_CACHE)
     kind = model_source(path)
     if kind == "local":
         return str(local_model_folder(path))
+    what = "SFT checkpoint" if weights else "processor files of"
     if kind == "s3":
-        dest = cache_dir / "s3" / hashlib.sha256(path.encode()).hexdigest()[:16]
+        dest = cache_dir / ("s3" if weights else "s3-processor") / hashlib.sha256(path.encode()).hexdigest()[:16]
         if not (dest / ".complete").exists():
-            print(f"=== Downloading SFT checkpoint === {path} -> {dest}", flush=True)
-            open_store(path, s3_cfg).download_dir("", str(dest))
+            print(f"=== Downloading {what} === {path} -> {dest}", flush=True)
+            wanted = None if weights else (lambda rel: any(fnmatch.fnmatch(Path(rel).name, p) for p in PROCESSOR_FILES))
+            open_store(path, s3_cfg).download_dir("", str(dest), only=wanted)
             (dest / ".complete").touch()
         return str(dest)
     from huggingface_hub import snapshot_download
-    print(f"=== Downloading SFT checkpoint === {path} (Hugging Face)", flush=True)
-    return snapshot_download(path, cache_dir=str(cache_dir / "hf"), endpoint=os.environ.get("HF_ENDPOINT") or None)
+    print(f"=== Downloading {what} === {path} (Hugging Face)", flush=True)
+    return snapshot_download(path, cache_dir=str(cache_dir / "hf"), endpoint=os.environ.get("HF_ENDPOINT") or None,
+                             allow_patterns=None if weights else list(PROCESSOR_FILES))
 
 
 def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32, s3_cfg=None):
