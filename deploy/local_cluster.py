@@ -156,7 +156,10 @@ class LocalCluster:
     def down(self) -> None:
         for record in self.state.get("workers", []) + ([self.state["head"]] if self.state.get("head") else []):
             _kill_session(record["pid"])
-        if self.state.get("temp_dir"):
+        if self.state.get("temp_dir"):  # keep Ray's logs of the nodes beside cluster.json, drop the rest
+            logs = Path(self.state["temp_dir"]) / "session_latest" / "logs"
+            if logs.is_dir():
+                shutil.move(str(logs.resolve()), str(self.dir / f"ray-logs-{int(time.time())}"))
             shutil.rmtree(self.state["temp_dir"], ignore_errors=True)
         if self.state_file.exists():
             self.state_file.unlink()

@@ -254,8 +254,7 @@ class Fleet:
         """Metrics of the first step finished after a recovery: from the groups being placed again
         (a replacement node had joined) to this step's end."""
         back = time.time() - self.placed_at
-        record = {**record, "back_to_step_s": back}
-        self._append("recoveries.jsonl", {"restart": record["restart"], "back_to_step_s": back})
+        self._amend_recovery(record["restart"], {"back_to_step_s": back})
         print(f"RECOVERY {record['restart']}: step finished {back:.1f}s after the groups were placed again", flush=True)
         return {"recovery/placement_wait_s": record["placement_wait_s"], "recovery/back_to_step_s": back}
 
@@ -304,6 +303,15 @@ class Fleet:
                                      "actors": holds, "method": "node", "delay_s": delay})
         print(f"CHAOS: killing node {node[:8]} ({', '.join(holds)}) {delay:g}s into {phase} of step {step}", flush=True)
         self.killers[node].kill.remote(delay)
+
+    def _amend_recovery(self, restart: int, fields: dict) -> None:
+        """Add fields to the recoveries.jsonl line of restart number `restart` (rewritten whole)."""
+        path = self.run_dir / "recoveries.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        lines = [r | fields if r["restart"] == restart and r.get("ok") else r for r in lines]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        tmp.replace(path)
 
     def _append(self, name: str, record: dict) -> None:
         with open(self.run_dir / name, "a") as f:

@@ -194,15 +194,14 @@ def test_lost_nodes_are_replaced_and_the_run_finishes(cluster, platform, s3_serv
     assert [h["step"] for h in history(run)] == list(range(7))  # every step exactly once
     chaos = [json.loads(line) for line in (run / "chaos.jsonl").read_text().splitlines()]
     assert [(c["phase"], c["step"]) for c in chaos] == [("generate", 2), ("train", 3), ("ckpt", 4)]
-    records = [json.loads(line) for line in (run / "recoveries.jsonl").read_text().splitlines()]
-    recovered = [r for r in records if "ok" in r]
+    recovered = [json.loads(line) for line in (run / "recoveries.jsonl").read_text().splitlines()]
     assert [r["ok"] for r in recovered] == [True] * 3
     assert all(r["steps_lost"] <= 2 for r in recovered)  # at most one checkpoint interval
     # resumed from nothing, then from step 2; the save of step 4 was cut off (or had just committed)
     resumed = [r["resumed_from"] for r in recovered]
     assert resumed[:2] == [0, 2] and resumed[2] in (2, 4), recovered
-    back = [r["back_to_step_s"] for r in records if "back_to_step_s" in r]
-    assert len(back) == 3 and max(back) < 120
+    back = [r["back_to_step_s"] for r in recovered]  # from the groups placed again to the next step's end
+    assert max(back) < 120
     dead = {n["node_id"] for n in cluster.nodes() if not n["alive"]}
     assert {c["node"] for c in chaos} <= dead
     store = Checkpointer("s3://node-loss/ckpts", S3Config(endpoint_url=s3_server.url))
