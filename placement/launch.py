@@ -151,6 +151,25 @@ def release(named: dict, timeout_s: float = 30.0) -> None:
         ray.wait(probes, num_returns=len(probes), timeout=timeout_s)
 
 
+def _here() -> str:
+    import ray
+    return ray.get_runtime_context().get_node_id()
+
+
+def settle_nodes(node_ids, timeout_s: float = 60.0) -> set:
+    """Wait (bounded) until each node is either answering or declared dead by Ray; returns the dead
+    ones. A node whose raylet was just killed stays 'alive' in Ray's view until its health checks
+    lapse, and groups placed there meanwhile would fail their actors: a small task pinned to each node
+    answers quickly from a live node and fails once a dead one is declared dead."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    probe = ray.remote(num_cpus=0, max_retries=0)(_here)
+    probes = {probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(): n
+              for n in set(node_ids)}
+    ray.wait(list(probes), num_returns=len(probes), timeout=timeout_s)
+    return {n for n in probes.values() if any(not x["Alive"] and x["NodeID"] == n for x in ray.nodes())}
+
+
 def teardown(actors: ActorSet) -> None:
     release(actors.all_handles())
     remove_groups(actors.groups)

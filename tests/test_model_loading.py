@@ -110,3 +110,23 @@ def test_prompt_pieces_equal_the_processors_own_template(tiny_model_dir):
     img = np.zeros((144, 144, 3), np.uint8)
     enc = proc(text=[text], images=[img], return_tensors="np")
     assert enc["input_ids"][0].tolist() == ids and pictures == [1]
+
+
+def test_every_speed_up_patch_applies_and_a_renamed_class_fails_loudly(tiny_model_dir):
+    """The patches of vlm/ find their modules under the installed transformers; a release that renamed
+    what one replaces stops the load with the patch's name instead of running slower unnoticed."""
+    import pytest
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+
+    from vlm.load import PatchError
+    model, _ = load_model(tiny_model_dir)
+    for flag in ("_patched__one_call_forward", "_patched__unique_forward", "_patched__fused_forward",
+                 "_patched__rope_index"):
+        assert any(getattr(m, flag, False) for m in model.modules()), flag
+    attention = modeling_qwen3_vl.Qwen3VLVisionAttention
+    name, attention.__name__ = attention.__name__, "Qwen3VLVisionSelfAttn"  # as a release that renamed it
+    try:
+        with pytest.raises(PatchError, match="batch_picture_attention matched no module.*transformers"):
+            load_model(tiny_model_dir)
+    finally:
+        attention.__name__ = name

@@ -93,11 +93,26 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
         # fixed shapes keep cuDNN: inference/graph_decode.py.)
         torch.backends.cuda.enable_cudnn_sdp(False)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dtype).to(device).eval()
-    batch_picture_attention(model)
-    encode_unique_pictures(model)
-    fuse_rms_norms(model)
-    vectorize_rope_index(model)
+    patched = {patch.__name__: patch(model) for patch in
+               (batch_picture_attention, encode_unique_pictures, fuse_rms_norms, vectorize_rope_index)}
+    check_patched(model, patched)
     return model, load_processor(folder)
+
+
+class PatchError(RuntimeError):
+    """A speed-up patch found nothing to patch: transformers renamed what it replaces."""
+
+
+def check_patched(model, patched: dict) -> None:
+    """Every patch must have found its modules in a Qwen-VL model: one that matched nothing means the
+    installed transformers renamed a class or method, and the run would be slower (or, for the
+    rotary positions, differ) without a word. Other architectures get the patches that fit."""
+    import transformers
+    missing = sorted(name for name, count in patched.items() if count == 0)
+    if missing and str(getattr(model.config, "model_type", "")).startswith("qwen"):
+        raise PatchError(f"{', '.join(missing)} matched no module of {type(model).__name__} under transformers "
+                         f"{transformers.__version__}: install the tested versions (pip install -c requirements/lock.txt "
+                         f"...) or update vlm/ for this release")
 
 
 def resolve_device(device: str) -> str:
