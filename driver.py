@@ -250,7 +250,7 @@ def train(cfg, chaos=None) -> int:
     if restore_s is not None:
         print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {state.step} "
               f"(adapter v{state.version}) in {restore_s:.1f}s", flush=True)
-    log = RunLog(str(run.dir), keep_through_step=state.step if restore_s is not None else -1,
+    log = RunLog(str(run.dir), keep_through_step=state.step if restore_s is not None else -1, run_name=t.run_name,
                  tensorboard=t.logger == "tensorboard")
     pending = {"ckpt/restore_s": restore_s} if restore_s is not None else {}
     if state.step >= run.total_steps:

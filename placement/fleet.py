@@ -200,7 +200,8 @@ class Fleet:
                   f"saves again: {e}", flush=True)
             return {"ckpt/failed": 1.0, "ckpt/save_s": time.perf_counter() - started}
         self.durable_step, self.save_failed = state.step, False
-        return {"ckpt/failed": 0.0, "ckpt/save_s": info["seconds"], "ckpt/bytes": info["bytes"]}
+        return {"ckpt/failed": 0.0, "ckpt/save_s": info["seconds"], "ckpt/bytes": info["bytes"],
+                "ckpt/bytes_per_s": info["bytes"] / max(info["seconds"], 1e-9)}
 
     # ---- faults -----------------------------------------------------------------------------------
     def recover(self, failure: BaseException, state: RunState, failed_step: int) -> dict:

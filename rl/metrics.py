@@ -33,6 +33,8 @@ def rollout_metrics(episodes: list[Episode], advantages: list[np.ndarray], gener
     }
     for reason in ("stop", "truncated", "length"):
         out[f"generate/stop_reason_{reason}"] = float(np.mean([ep.stop_reason == reason for ep in episodes]))
+    # the distributions themselves, for histograms (telemetry/prometheus.py); not written to metrics.jsonl
+    out |= {"samples/return": rewards.tolist(), "samples/advantage": adv.tolist()}
     return out
 
 

@@ -1,5 +1,5 @@
 """Per-run logging: one JSON line per step, the same values as TensorBoard scalars and as
-Ray metrics (Prometheus, scraped through the Ray Dashboard's metrics endpoint).
+Ray metrics (Prometheus: telemetry/prometheus.py).
 
 Metric names follow SkyRL's (`policy/policy_loss`, `reward/avg_raw_reward`, `timing/generate`,
 `eval/all/avg_score`, ...). A resumed run keeps what was logged up to the step it resumed from
@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 
 class RunLog:
-    def __init__(self, run_dir: str, keep_through_step: int = -1, tensorboard: bool = True, prometheus: bool = True):
+    def __init__(self, run_dir: str, keep_through_step: int = -1, tensorboard: bool = True, prometheus: bool = True,
+                 run_name: str = "default"):
         """keep_through_step: the step a resumed run restarts after (-1: a fresh run, keep nothing)."""
+        from telemetry.prometheus import PrometheusExporter
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
         self.tensorboard, self.tb = tensorboard, None
-        self.gauges = {}
-        self.prometheus = prometheus
+        self.exporter = PrometheusExporter(run_name) if prometheus else None
         self.rewind(keep_through_step)
 
     def _truncate_after(self, step: int) -> None:
@@ -45,8 +45,11 @@ class RunLog:
             self.tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=step + 1)
 
     def log(self, step: int, metrics: dict) -> None:
+        """One step's metrics; keys under `samples/` hold per-episode or per-turn values, which go to the
+        Prometheus histograms only."""
+        samples = {k: v for k, v in metrics.items() if k.startswith("samples/")}
         clean = {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
-                 for k, v in metrics.items()}
+                 for k, v in metrics.items() if k not in samples}
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": step, **clean}, sort_keys=True) + "\n")
         numbers = {k: v for k, v in clean.items()
@@ -55,22 +58,8 @@ class RunLog:
             for k, v in numbers.items():
                 self.tb.add_scalar(k, v, step)
             self.tb.flush()
-        if self.prometheus:
-            self._export(numbers)
-
-    def _export(self, numbers: dict) -> None:
-        try:
-            import ray
-            if not ray.is_initialized():
-                return
-            from ray.util.metrics import Gauge
-        except ImportError:
-            return
-        for k, v in numbers.items():
-            name = "visrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", k)
-            if name not in self.gauges:
-                self.gauges[name] = Gauge(name, description=f"visrl {k} (last step)")
-            self.gauges[name].set(v)
+        if self.exporter is not None:
+            self.exporter.observe(numbers, samples)
 
     def history(self) -> list[dict]:
         if not self.path.exists():
@@ -80,3 +69,5 @@ class RunLog:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.exporter is not None:
+            self.exporter.close()
