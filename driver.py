@@ -250,8 +250,9 @@ def train(cfg, chaos=None) -> int:
     if restore_s is not None:
         print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {state.step} "
               f"(adapter v{state.version}) in {restore_s:.1f}s", flush=True)
-    log = RunLog(str(run.dir), keep_through_step=state.step if restore_s is not None else -1, run_name=t.run_name,
-                 tensorboard=t.logger == "tensorboard")
+    import yaml
+    log = RunLog(str(run.dir), keep_through_step=state.step if restore_s is not None else -1, logger=t.logger,
+                 project=t.project_name, run_name=t.run_name, config=yaml.safe_load(run.config_yaml))
     pending = {"ckpt/restore_s": restore_s} if restore_s is not None else {}
     if state.step >= run.total_steps:
         print(f"the run in {run.dir} is complete ({state.step}/{run.total_steps} steps); start another with "
@@ -295,7 +296,7 @@ def train(cfg, chaos=None) -> int:
     last_eval = next((h for h in reversed(history) if "eval/all/oracle_ceiling" in h), {})
     plot_learning_curve(history, str(run.dir / "learning_curve.png"), last_eval.get("eval/all/oracle_ceiling"),
                         last_eval.get("eval/all/env_ceiling"))
-    log.close()
+    log.close(run.dir / "learning_curve.png")
     if code == 0:
         print(summary_line(history))
         print(f"run folder: {run.dir} (metrics.jsonl, tensorboard/, learning_curve.png, eval/)")

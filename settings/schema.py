@@ -106,7 +106,7 @@ class TrainerConfig:
     run_dir: str = "runs/default"  # visrl: metrics.jsonl, TensorBoard events, curve, config
     project_name: str = "visrl"  # labels the progress bar
     run_name: str = "default"
-    logger: str = "tensorboard"  # tensorboard | console (metrics.jsonl and the console only)
+    logger: str = "tensorboard"  # tensorboard | console | mlflow | wandb (metrics.jsonl and the console always)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -218,7 +218,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "trainer.strategy": ("fsdp", "fsdp2"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.resume_mode": ("none", "latest", "from_path"),
-    "trainer.logger": ("tensorboard", "console"),
+    "trainer.logger": ("tensorboard", "console", "mlflow", "wandb"),
     "trainer.algorithm.advantage_estimator": tuple(ADVANTAGE_ESTIMATORS),
     "trainer.algorithm.policy_loss_type": tuple(POLICY_LOSSES),
     "trainer.algorithm.kl_estimator_type": tuple(KL_ESTIMATORS),

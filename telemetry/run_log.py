@@ -14,15 +14,18 @@ from pathlib import Path
 
 
 class RunLog:
-    def __init__(self, run_dir: str, keep_through_step: int = -1, tensorboard: bool = True, prometheus: bool = True,
-                 run_name: str = "default"):
-        """keep_through_step: the step a resumed run restarts after (-1: a fresh run, keep nothing)."""
+    def __init__(self, run_dir: str, keep_through_step: int = -1, logger: str = "tensorboard", prometheus: bool = True,
+                 project: str = "visrl", run_name: str = "default", config: dict | None = None):
+        """keep_through_step: the step a resumed run restarts after (-1: a fresh run, keep nothing);
+        logger: tensorboard | console | mlflow | wandb (trainer.logger; telemetry/trackers.py)."""
         from telemetry.prometheus import PrometheusExporter
+        from telemetry.trackers import open_tracker
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        self.tensorboard, self.tb = tensorboard, None
+        self.tensorboard, self.tb = logger == "tensorboard", None
         self.exporter = PrometheusExporter(run_name) if prometheus else None
+        self.tracker = open_tracker(logger, self.dir, project, run_name, config or {})
         self.rewind(keep_through_step)
 
     def _truncate_after(self, step: int) -> None:
@@ -60,14 +63,19 @@ class RunLog:
             self.tb.flush()
         if self.exporter is not None:
             self.exporter.observe(numbers, samples)
+        if self.tracker is not None:
+            self.tracker.log(step, numbers)
 
     def history(self) -> list[dict]:
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
-    def close(self) -> None:
+    def close(self, curve: Path | None = None) -> None:
+        """`curve`: the learning curve's picture, for the tracker."""
         if self.tb is not None:
             self.tb.close()
         if self.exporter is not None:
             self.exporter.close()
+        if self.tracker is not None:
+            self.tracker.finish(curve)

@@ -1,0 +1,76 @@
+"""Experiment trackers beside metrics.jsonl: MLflow and Weights & Biases (`trainer.logger`), logging
+what SkyRL's tracker logs: the config at the start, every step's numbers, the learning curve at the end.
+
+- mlflow: the run goes to MLFLOW_TRACKING_URI (an MLflow server), else to a file store in
+  `<run_dir>/mlruns` (`mlflow ui --backend-store-uri <run_dir>/mlruns`); experiment
+  `trainer.project_name`, run `trainer.run_name`.
+- wandb: project `trainer.project_name`, run `trainer.run_name`, files under `<run_dir>/wandb`;
+  WANDB_API_KEY for the service, or WANDB_MODE=offline to keep the run on disk (`wandb sync` later).
+A resumed run logs into a new tracker run whose steps continue where the checkpoint left off.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class MLflowTracker:
+    def __init__(self, run_dir: Path, project: str, run_name: str, config: dict):
+        import mlflow
+        self.mlflow = mlflow
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:  # a store in the run folder: MLflow keeps its file store for those who ask for it
+            uri = (run_dir / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment(project)
+        self.run = mlflow.start_run(run_name=run_name)
+        mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
+        mlflow.log_dict(config, "config.yaml")
+
+    def log(self, step: int, numbers: dict) -> None:
+        self.mlflow.log_metrics(numbers, step=step)
+
+    def finish(self, curve: Path | None) -> None:
+        if curve is not None and curve.exists():
+            self.mlflow.log_artifact(str(curve))
+        self.mlflow.end_run()
+
+
+class WandbTracker:
+    def __init__(self, run_dir: Path, project: str, run_name: str, config: dict):
+        import wandb
+        self.wandb = wandb
+        self.run = wandb.init(project=project, name=run_name, config=config, dir=str(run_dir), reinit="finish_previous")
+
+    def log(self, step: int, numbers: dict) -> None:
+        self.run.log(numbers, step=step)
+
+    def finish(self, curve: Path | None) -> None:
+        if curve is not None and curve.exists():
+            self.run.log({"learning_curve": self.wandb.Image(str(curve))})
+        self.run.finish()
+
+
+TRACKERS = {"mlflow": MLflowTracker, "wandb": WandbTracker}
+
+
+def flatten(node: dict, prefix: str = "") -> dict:
+    """{"trainer": {"epochs": 1}} -> {"trainer.epochs": 1}"""
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def open_tracker(kind: str, run_dir: Path, project: str, run_name: str, config: dict):
+    """The tracker `trainer.logger` names, or None for tensorboard and console (RunLog writes those)."""
+    if kind not in TRACKERS:
+        return None
+    try:
+        return TRACKERS[kind](Path(run_dir), project, run_name, config)
+    except ImportError as e:
+        raise ImportError(f"trainer.logger={kind} needs its package: pip install 'visrl[tracking]' ({e})") from e
