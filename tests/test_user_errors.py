@@ -38,7 +38,7 @@ CASES = [
     (["trainer.train_batch_sise=8"], ["train_batch_sise", "did you mean 'trainer.train_batch_size'"]),
     (["trainer.critic.model.path=x"], ["trainer.critic", "does not support"]),
     (["trainer.resume_mode=from_path", "trainer.resume_path={t}/ckpts/step9"], ["resume_path", "global_step_N"]),
-    (["trainer.logger=wandb"], ["trainer.logger", "tensorboard, console"]),
+    (["trainer.logger=neptune"], ["trainer.logger", "tensorboard, console, mlflow, wandb"]),
 ]
 
 
