@@ -46,10 +46,11 @@ from placement.runtime_env import FORWARDED_ENV  # noqa: E402
 
 DEFAULT_DIR = ROOT / "runs" / "cluster"
 DEVICE_RESOURCE = "visrl_device"
-# The head's GCS declares a silent node dead after 3 missed checks a second apart (~3 s), not Ray's
-# default 5 x 3 s (~15 s): node-loss runs on one machine spend less time waiting. Nothing else changes.
-FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
-                      "RAY_health_check_failure_threshold": "3"}
+# The head's GCS declares a silent node dead after 5 missed checks a second apart (~5 s), not Ray's
+# default 5 x 3 s (~15 s): node-loss runs on one machine spend less time waiting. A check may take 2 s
+# to answer, so that a live node on a loaded 2-core machine is not taken for a lost one.
+FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
+                      "RAY_health_check_failure_threshold": "5"}
 
 
 def free_port() -> int:

@@ -194,8 +194,11 @@ def test_lost_nodes_are_replaced_and_the_run_finishes(cluster, platform, s3_serv
     assert [h["step"] for h in history(run)] == list(range(7))  # every step exactly once
     chaos = [json.loads(line) for line in (run / "chaos.jsonl").read_text().splitlines()]
     assert [(c["phase"], c["step"]) for c in chaos] == [("generate", 2), ("train", 3), ("ckpt", 4)]
-    recovered = [json.loads(line) for line in (run / "recoveries.jsonl").read_text().splitlines()]
-    assert [r["ok"] for r in recovered] == [True] * 3
+    attempts = [json.loads(line) for line in (run / "recoveries.jsonl").read_text().splitlines()]
+    # one successful rebuild a kill; an attempt that fails (on a loaded machine a rebuilt actor can die
+    # again before the restore ends) is recorded with its error and retried
+    recovered = [r for r in attempts if r["ok"]]
+    assert len(recovered) == 3 and all(r["error"] for r in attempts if not r["ok"]), attempts
     assert all(r["steps_lost"] <= 2 for r in recovered)  # at most one checkpoint interval
     # resumed from nothing, then from step 2; the save of step 4 was cut off (or had just committed)
     resumed = [r["resumed_from"] for r in recovered]
