@@ -1,7 +1,7 @@
 """A decode loop that owns its buffers, so a GPU can replay each decode step as one CUDA graph.
 
-transformers' `generate` launches every kernel of every decode step from Python: on an H200 an
-8B model's decode step costs ~30 ms of host time for ~4 ms of GPU work (bench/README.md, "Where a
+transformers' `generate` launches every kernel of every decode step from Python: on a GPU an
+8B model's decode step spends several times more host time than GPU work (bench/RECORD.md, "Where a
 rollout's time goes"), and `generate` cannot run under CUDA graphs because it keeps no buffers of
 its own. Here the prompt is prefilled by the model's own forward (pictures, deepstack, M-RoPE),
 its KV cache is copied into fixed buffers, and each new token runs one step of the text decoder
@@ -29,7 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # cuDNN first: a bucket's shapes never change, so it plans each once (vlm/load.py leaves cuDNN off for
 # the ever-new shapes of prefill and training), and without it attention over grouped KV heads with
-# a mask falls to the math kernel: an 8B rollout took 5.5 s instead of 3.7 on an H200
+# a mask falls to the math kernel, half again slower at 8B (bench/RECORD.md)
 DECODE_ATTENTION = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                     SDPBackend.MATH]
 
@@ -63,7 +63,7 @@ class GraphDecoder:
         self.lm_head = base.lm_head
         self.rope = sys.modules[type(self.text.layers[0].self_attn).__module__].apply_rotary_pos_emb
         # cache lengths share graphs in steps of 256 slots: prompts grow turn by turn, each capture costs
-        # ~0.25 s at 8B (again after every sleep), and masked slots add little to a decode step
+        # time (again after every sleep), and masked slots add little to a decode step
         self.use_graphs, self.max_graphs, self.length_multiple = use_graphs, max_graphs, length_multiple
         self.buffers: OrderedDict[tuple[int, int], _Buffers] = OrderedDict()
         self.pool = None

@@ -14,9 +14,8 @@ stops at the first check (every 5 steps, every step once any maze is solved) who
 rate on 64 validation mazes (their own seeds, not the eval set) reaches --stop-at (45%), so the
 base lands between 30% and 55% on the eval set: RL has work to do.
 
-Measured on the 2-core CPU machine (see bench/README.md): the probe reaches ~98% per-cell
-accuracy in 2,000 steps; without stage A, 500 steps of SFT alone left the model at ~67% per
-decision and 0-5% solved.
+Without stage A, SFT alone left this shape far from solving mazes (docs/embedded-base.md has
+what each stage measured).
 
 Everything is seeded (torch, the maze seeds, the move noise) and runs on fixed threads, so a
 rebuild from the same seed reproduces the shipped model byte for byte.
