@@ -159,7 +159,7 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
 
 
 def evaluate_policy(run: Run, fleet, state) -> dict:
-    """The eval set through the engines with the current adapter; per-maze results to eval/step_N.jsonl."""
+    """The eval set through the engines with the current adapter; one line a row to eval/step_N.jsonl."""
     from rl.evaluate import evaluate, evaluation_sampling
     from rl.metrics import eval_metrics
     fleet.engines.wake_up()
@@ -323,15 +323,23 @@ def finish_saves(fleet, state, run: Run, attempts: int = 3) -> int:
 
 
 def eval_only(cfg, eval_set: str | None, adapter: str | None) -> int:
+    """Greedy eval of the base or an adapter on the run's eval set, or on `eval_set` as it is: its rows'
+    environment (another than the config's, say) is the one played, and the run's dataset is not read."""
+    from dataclasses import replace
+
     from actors.local import evaluate_locally
-    from rl.inputs import adapter_folder, check_model_path, load_datasets
+    from rl.inputs import adapter_folder, check_model_path, load_datasets, read_rows
     check_model_path(cfg.trainer.policy.model.path)
     adapter = adapter_folder(adapter, cfg.s3) if adapter else None
-    _, eval_rows = load_datasets(cfg, eval_set)
+    if eval_set:
+        eval_rows = read_rows(eval_set, "--eval-set", None)
+        cfg = replace(cfg, environment=replace(cfg.environment, env_class=eval_rows[0]["env_id"]))
+    else:
+        _, eval_rows = load_datasets(cfg)
     report = evaluate_locally(cfg, eval_rows, adapter)
     out = Path(cfg.trainer.run_dir) / "eval_only.jsonl"
     report.write(out)
-    print(f"per-maze results: {out}")
+    print(f"{cfg.environment.env_class}, one line a row: {out}")
     print(json.dumps(report.summary()))
     print(report.line())
     return 0

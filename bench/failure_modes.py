@@ -20,9 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def main():
     from envs.actions import parse_action
-    from envs.dataset import init_state, load_rows
+    from envs.dataset import init_state
     from envs.expert import branch_size
     from envs.maze import SIZES, MazeEnv
+    from envs.rows import load_rows
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("per_maze", help="an eval JSONL (runs/<run>/eval/step_N.jsonl or eval_only.jsonl)")

@@ -32,7 +32,7 @@ def main():
     rate = sum(r["solved"] for r in served) / len(served)
     print(f"through the API: solve rate {100 * rate:.1f}% ({sum(r['solved'] for r in served)}/{len(served)})")
     report = evaluate_locally(cfg, rows, args.adapter)
-    same = sum(a["answers"] == b["answers"] for a, b in zip(served, report.per_maze))
+    same = sum(a["answers"] == b["answers"] for a, b in zip(served, report.per_row))
     print(f"eval harness:    {report.line()}")
     print(f"identical move sequences: {same}/{len(rows)}")
 

@@ -21,6 +21,7 @@ import numpy as np
 from envs.expert import shortest_path
 from envs.generate import DELTAS
 from envs.maze import SIZES, MazeEnv
+from envs.rows import rows_bytes
 
 
 def shortest_route(env_id: str) -> int:
@@ -86,10 +87,6 @@ def start_at_junctions(rows: list[dict], share: float, seed: int) -> list[dict]:
     return out
 
 
-def rows_bytes(rows) -> bytes:
-    return "".join(json.dumps(r, separators=(",", ":"), sort_keys=True) + "\n" for r in rows).encode()
-
-
 def write_dataset(out_dir, env_id: str, train_size: int, eval_size: int, train_seed_start: int,
                   eval_seed_start: int, max_turns: int, solvable_only: bool, validation_size: int = 0,
                   validation_seed_start: int = 0, long_route_share: float | None = None,
@@ -136,22 +133,6 @@ def _histogram(values) -> dict:
     for v in values:
         counts[str(v)] = counts.get(str(v), 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: int(kv[0])))
-
-
-def load_rows(path) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset file '{path}' does not exist; write one with "
-                                f"`python driver.py --make-dataset DIR`")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            row = json.loads(line)
-            _ = row["seed"], row["env_id"], row["maze"], row["start"], row["goal"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}:{n} is not a maze row ({e})") from None
-        rows.append(row)
-    return rows
 
 
 def init_state(row: dict) -> dict:

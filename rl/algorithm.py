@@ -130,9 +130,9 @@ def discounted_returns(rewards, gamma: float) -> np.ndarray:
 def gigpo_advantages(cfg: AlgorithmConfig, episodes) -> list[np.ndarray]:
     """GiGPO (Feng et al. 2025, arXiv 2505.10978): the episode-level group advantage of GRPO plus
     `gigpo.step_advantage_w` times a step-level one. Turns of one group's episodes that start from
-    the same env state (the same maze and agent cell, a state visited twice in one episode included)
-    form a step group; each turn's discounted return (`gigpo.gamma`) is compared with its step
-    group's, normalised like the episode level (`grpo_norm_by_std`)."""
+    the same env state (Environment.state_key: for the maze, the agent's cell; a state visited twice
+    in one episode included) form a step group; each turn's discounted return (`gigpo.gamma`) is
+    compared with its step group's, normalised like the episode level (`grpo_norm_by_std`)."""
     episode_adv = group_relative([ep.reward for ep in episodes], [ep.group for ep in episodes], cfg.grpo_norm_by_std)
     returns = [discounted_returns([t.reward for t in ep.turns], cfg.gigpo.gamma) for ep in episodes]
     keys = [(ep.group, t.state) for ep in episodes for t in ep.turns]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.dataset import load_rows, write_dataset
-from envs.maze import SIZES
-from envs.prompt import INSTRUCTION
+from envs.base import Environment
+from envs.registry import get_environment
+from envs.rows import load_rows
 from storage import StorageError, is_s3, open_store
 from vlm.chat import ChatPrompter
 from vlm.load import model_source
@@ -32,42 +32,47 @@ def check_model_path(path: str, key: str = "trainer.policy.model.path") -> None:
         raise InputError(f"{key}: {e}") from None
 
 
-def read_rows(path, name: str, env_id: str) -> list[dict]:
-    """Maze rows of `path` (named `name` in messages), all of env `env_id`, at least one."""
+def read_rows(path, name: str, env_id: str | None) -> list[dict]:
+    """Task rows of `path` (named `name` in messages), at least one, all of one environment: `env_id`,
+    or any one where env_id is None (an eval set evaluated as it is)."""
     try:
         rows = load_rows(path)
     except (FileNotFoundError, ValueError) as e:
         raise InputError(f"{name} '{path}': {e}") from None
     if not rows:
-        raise InputError(f"{name} '{path}' holds no mazes; write a set with `python driver.py --make-dataset DIR`")
-    other = sorted({r["env_id"] for r in rows} - {env_id})
+        raise InputError(f"{name} '{path}' holds no rows; write a set with `python driver.py --make-dataset DIR`")
+    found = sorted({r["env_id"] for r in rows})
+    if env_id is None and len(found) > 1:
+        raise InputError(f"{name} '{path}' holds rows of {', '.join(found)}; an eval set is of one environment: "
+                         f"split it by env_id")
+    other = [e for e in found if env_id is not None and e != env_id]
     if other:
-        raise InputError(f"{name} '{path}' holds {', '.join(other)} mazes but environment.env_class is {env_id}; "
-                         f"pass a set of {env_id} mazes or set environment.env_class")
+        raise InputError(f"{name} '{path}' holds {', '.join(other)} rows but environment.env_class is {env_id}; "
+                         f"pass a set of {env_id} rows or set environment.env_class")
     return rows
+
+
+def environment_of(cfg) -> Environment:
+    return get_environment(cfg.environment.env_class)
 
 
 def write_run_dataset(cfg, folder) -> dict:
     """Write the config's train, eval (and validation) sets into folder; return the manifest."""
-    d = cfg.data
-    return write_dataset(folder, cfg.environment.env_class, d.train_size, d.eval_size, d.train_seed_start,
-                         d.eval_seed_start, cfg.generator.max_turns, d.solvable_only, d.validation_size,
-                         d.validation_seed_start, d.long_route_share, d.junction_start_share)
+    return environment_of(cfg).write_dataset(Path(folder), cfg.data, cfg.generator.max_turns)
 
 
-def load_datasets(cfg, eval_set: str | None = None) -> tuple[list[dict], list[dict]]:
-    """The run's train and eval rows. A chosen eval set is checked first; the run's own dataset
-    folder is written on first use."""
+def load_datasets(cfg) -> tuple[list[dict], list[dict]]:
+    """The run's train and eval rows. data.eval_set, if given, is checked first; the run's own
+    dataset folder is written on first use."""
     env_id, d = cfg.environment.env_class, cfg.data
-    chosen = eval_set or d.eval_set
-    if chosen:
-        eval_rows = read_rows(chosen, "--eval-set" if eval_set else "data.eval_set", env_id)
+    if d.eval_set:
+        eval_rows = read_rows(d.eval_set, "data.eval_set", env_id)
     folder = Path(d.dataset_dir)
     if not (folder / "manifest.json").exists():
         write_run_dataset(cfg, folder)
     check_dataset_matches(cfg, folder)
     train_rows = read_rows(folder / "train.jsonl", "data.dataset_dir", env_id)
-    if not chosen:
+    if not d.eval_set:
         eval_rows = read_rows(folder / "eval.jsonl", "data.dataset_dir", env_id)
     return train_rows, eval_rows
 
@@ -139,12 +144,14 @@ def adapter_folder(path: str, s3_cfg=None) -> str:
 
 
 def make_prompter(processor, cfg) -> ChatPrompter:
-    """The chat prompter of the run's model, with as many image tokens as one maze picture takes."""
-    side = SIZES[cfg.environment.env_class] * cfg.environment.cell_px
+    """The chat prompter of the run's model, with the environment's instruction and as many image
+    tokens as one of its pictures takes."""
+    environment = environment_of(cfg)
+    side = environment.picture_side(cfg.environment.cell_px)
     enc = processor.image_processor(images=[np.zeros((side, side, 3), np.uint8)], return_tensors="np")
     merge = getattr(processor.image_processor, "merge_size", 1)
     n_tokens = int(np.prod(enc["image_grid_thw"][0]) // (merge * merge))
-    return ChatPrompter(processor.tokenizer, n_tokens, INSTRUCTION)
+    return ChatPrompter(processor.tokenizer, n_tokens, environment.instruction)
 
 
 def check_prompt_fits(prompter: ChatPrompter, cfg) -> None:

@@ -39,6 +39,7 @@ def rollout_metrics(episodes: list[Episode], advantages: list[np.ndarray], gener
 
 
 def eval_metrics(report) -> dict:
-    return {"eval/all/avg_score": report.solve_rate, "eval/all/oracle_ceiling": report.oracle_ceiling,
-            "eval/all/env_ceiling": report.env_ceiling,
+    """The eval's numbers; the ceilings only where the task has an expert."""
+    ceilings = {"eval/all/oracle_ceiling": report.oracle_ceiling, "eval/all/env_ceiling": report.env_ceiling}
+    return {"eval/all/avg_score": report.solve_rate, **{k: v for k, v in ceilings.items() if v is not None},
             "eval/all/mean_turns": report.mean_turns, "eval/all/invalid_action_rate": report.invalid_action_rate}

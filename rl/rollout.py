@@ -9,11 +9,12 @@ that is 1 exactly on sampled tokens, the sampling log-probs and the pictures.
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from envs.dataset import init_state
+from envs.registry import get_environment
 from inference.requests import GenRequest, Sampling
 from vlm.forward import TrainSeq
 
@@ -21,8 +22,8 @@ from vlm.forward import TrainSeq
 @dataclass
 class Task:
     episode_id: str
-    group: int                  # GRPO group: the index of the prompt (maze) in the batch
-    init_state: dict | None = None
+    group: int                  # GRPO group: the index of the prompt (task row) in the batch
+    init_state: dict | None = None  # Environment.init_state of the row
     seed: int | None = None
 
 
@@ -35,7 +36,7 @@ class Turn:
     text: str
     feedback: str = ""
     valid_action: bool = True
-    state: tuple | None = None  # the env state the turn started from (the agent's cell): GiGPO's anchor
+    state: Hashable = None      # the env state the turn started from (Environment.state_key): GiGPO's anchor
     reward: float = 0.0         # what the env paid for this turn's action
 
 
@@ -49,7 +50,6 @@ class Episode:
     reward: float = 0.0
     stop_reason: str = ""       # stop (the agent stopped) | truncated (max_turns) | length
     adapter_version: int = 0
-    optimal_moves: int | None = None
 
     @property
     def solved(self) -> bool:
@@ -104,12 +104,12 @@ class RolloutRunner:
                     for t in tasks}
         starts = self.env.reset([t.episode_id for t in tasks], seeds=[t.seed for t in tasks],
                                 init_states=[t.init_state for t in tasks])
-        pieces, state = {}, {}  # episode id -> (user turn texts, answer ids); -> the agent's cell
+        pieces, state = {}, {}  # episode id -> (user turn texts, answer ids); -> its env's state key
         for s in starts:
             ep = episodes[s["episode_id"]]
             ep.images.append(s["image"])
             pieces[ep.episode_id] = ([""], [])
-            state[ep.episode_id] = tuple(s["info"]["agent"])
+            state[ep.episode_id] = s["state_key"]
         live = [t.episode_id for t in tasks]
         for turn in range(self.max_turns):
             requests, asking = [], []
@@ -139,7 +139,7 @@ class RolloutRunner:
                 ep.turns[-1].valid_action = st["info"]["valid_action"]
                 ep.turns[-1].reward = st["reward"]
                 ep.reward += st["reward"]
-                state[eid] = tuple(st["info"]["agent"])
+                state[eid] = st["state_key"]
                 if st["terminated"] or st["truncated"]:
                     ep.stop_reason = "stop" if st["terminated"] else "truncated"
                     continue
@@ -160,8 +160,8 @@ def _with_seed(sampling: Sampling, seed: int) -> Sampling:
 
 
 def rollout_tasks(rows: list[dict], step: int, samples_per_prompt: int) -> list[Task]:
-    """`samples_per_prompt` episodes of each row's maze; the row's index is the GRPO group."""
-    return [Task(f"s{step}-p{i}-n{k}", i, init_state(row), row["seed"])
+    """`samples_per_prompt` episodes of each row; the row's index is the GRPO group."""
+    return [Task(f"s{step}-p{i}-n{k}", i, get_environment(row["env_id"]).init_state(row), row["seed"])
             for i, row in enumerate(rows) for k in range(samples_per_prompt)]
 
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.dataset import shortest_route
+from envs.registry import get_environment
 
 MAX_REPLAYS = 2  # a maze still mixed after this many replays gives way to newer ones
 
 
 def repeat_long_routes(rows: list[dict], repeats: int) -> list[dict]:
-    """The train rows with each maze whose route is longer than its env's shortest `repeats` times
-    (data.long_route_repeats): the long mazes are where a trained agent still fails, and a group
-    whose episodes all succeed carries no signal."""
-    return [r for r in rows for _ in range(repeats if r["optimal_moves"] > shortest_route(r["env_id"]) else 1)]
+    """The train rows with each row its environment calls hard (a maze whose route is longer than
+    its env's shortest) `repeats` times (data.long_route_repeats): the hard rows are where a trained
+    agent still fails, and a group whose episodes all succeed carries no signal."""
+    return [r for r in rows for _ in range(repeats if get_environment(r["env_id"]).is_hard(r) else 1)]
 
 
 class PromptSampler:

@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from envs.registry import get_environment
 from settings.schema import CHOICES, UNSUPPORTED, Config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
@@ -143,6 +144,10 @@ def validate(cfg: Config) -> None:
     for key in positive:
         if _get(cfg, key) < 1:
             raise ConfigError(f"config key '{key}' must be >= 1; got {_get(cfg, key)}")
+    try:
+        get_environment(cfg.environment.env_class)
+    except ValueError as e:
+        raise ConfigError(f"config key 'environment.env_class': {e}") from None
     if cfg.data.validation_size < 0:
         raise ConfigError(f"config key 'data.validation_size' must be >= 0 (0 = no validation set); "
                           f"got {cfg.data.validation_size}")

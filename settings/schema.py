@@ -164,7 +164,7 @@ class GeneratorConfig:
 
 @dataclass
 class EnvironmentConfig:
-    env_class: str = "maze_2d/easy"  # maze_2d/easy | maze_2d/hard
+    env_class: str = "maze_2d/easy"  # a registered environment (envs/registry.py) or package.module:Class
     cell_px: int = 16
 
 
@@ -225,7 +225,6 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "trainer.algorithm.loss_reduction": LOSS_REDUCTIONS,
     "trainer.policy.optimizer_config.scheduler": ("constant_with_warmup", "cosine_with_warmup"),
     "generator.inference_engine.backend": ("hf", "vllm"),
-    "environment.env_class": ("maze_2d/easy", "maze_2d/hard"),
 }
 
 # SkyRL keys a SkyRL user may pass that visrl does not implement: refused with the reason.

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.dataset import load_rows, make_rows, start_at_junctions, write_dataset
+from envs.dataset import make_rows, start_at_junctions, write_dataset
 from envs.expert import shortest_path
 from envs.generate import DELTAS
+from envs.rows import load_rows
 from rl.sampler import PromptSampler, repeat_long_routes
 from settings import load_config
 

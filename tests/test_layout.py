@@ -88,3 +88,21 @@ def test_the_wheel_ships_every_package_and_runs_from_anywhere(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     driver_file, model_dir = run.stdout.split()[-2:]
     assert driver_file.startswith(str(site)) and model_dir.startswith(str(site))
+
+
+def test_rl_and_actors_know_no_task():
+    """The training loop and the actors see tasks only through the environment interface: from envs/
+    they import the interface, the registry and the row files, nothing of the maze."""
+    allowed = {"envs", "envs.base", "envs.registry", "envs.rows"}
+    found = []
+    for folder in ("rl", "actors"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                found += [f"{path.relative_to(ROOT)} imports {n}" for n in names
+                          if n.split(".")[0] == "envs" and n not in allowed]
+            text = path.read_text().lower()
+            found += [f"{path.relative_to(ROOT)} names {w}" for w in ("optimal_moves", "maze_2d", "mazeenv")
+                      if w in text]
+    assert not found, found

@@ -324,5 +324,5 @@ def test_a_maze_played_through_the_api_makes_the_eval_harness_moves(server, tmp_
     played = [play(chat, "maze-vl-base", row, cfg.environment.cell_px, g.max_turns, g.context_window_turns,
                    g.context_pictures, g.eval_sampling_params.max_generate_length) for row in rows]
     serve.delete("maze")
-    assert [p["answers"] for p in played] == [m["answers"] for m in harness.per_maze]
-    assert [p["solved"] for p in played] == [m["solved"] for m in harness.per_maze]
+    assert [p["answers"] for p in played] == [m["answers"] for m in harness.per_row]
+    assert [p["solved"] for p in played] == [m["solved"] for m in harness.per_row]

@@ -5,7 +5,8 @@ import json
 import pytest
 
 import driver
-from envs.dataset import make_rows, rows_bytes
+from envs.dataset import make_rows
+from envs.rows import rows_bytes
 
 
 @pytest.fixture
@@ -13,6 +14,7 @@ def files(tmp_path):
     easy, _ = make_rows("maze_2d/easy", 5_000_000, 2, 20, True)
     hard, _ = make_rows("maze_2d/hard", 5_000_000, 2, 30, True)
     f = {"garbage": "this is not json\n", "empty": "", "hard": rows_bytes(hard).decode(),
+         "mixed": rows_bytes(easy + hard).decode(),
          "no_maze": "".join(json.dumps({k: v for k, v in r.items() if k != "maze"}) + "\n" for r in easy)}
     for name, text in f.items():
         (tmp_path / f"{name}.jsonl").write_text(text)
@@ -27,10 +29,11 @@ CASES = [
     (["--eval-only", "trainer.policy.model.path=./nowhere/model"], ["./nowhere/model", "does not exist"]),
     (["--eval-only", "trainer.policy.model.path={t}/not_a_model"], ["not_a_model", "config.json"]),
     (["--eval-only", "--eval-set", "{t}/missing.jsonl"], ["--eval-set", "missing.jsonl", "does not exist"]),
-    (["--eval-only", "--eval-set", "{t}/garbage.jsonl"], ["--eval-set", "garbage.jsonl", "not a maze row"]),
-    (["--eval-only", "--eval-set", "{t}/no_maze.jsonl"], ["--eval-set", "no_maze.jsonl", "maze"]),
-    (["--eval-only", "--eval-set", "{t}/hard.jsonl"], ["--eval-set", "maze_2d/hard", "environment.env_class"]),
-    (["--eval-only", "--eval-set", "{t}/empty.jsonl"], ["--eval-set", "empty.jsonl", "no mazes"]),
+    (["--eval-only", "--eval-set", "{t}/garbage.jsonl"], ["--eval-set", "garbage.jsonl", "not a task row"]),
+    (["--eval-only", "--eval-set", "{t}/no_maze.jsonl"], ["--eval-set", "no_maze.jsonl", "maze_2d/easy row (no maze)"]),
+    (["--eval-only", "--eval-set", "{t}/mixed.jsonl"], ["--eval-set", "maze_2d/easy, maze_2d/hard", "one environment"]),
+    (["data.eval_set={t}/hard.jsonl"], ["data.eval_set", "maze_2d/hard", "environment.env_class"]),
+    (["--eval-only", "--eval-set", "{t}/empty.jsonl"], ["--eval-set", "empty.jsonl", "no rows"]),
     (["--eval-only", "--adapter", "{t}/no_adapter"], ["--adapter", "no_adapter", "not a folder"]),
     (["--eval-only", "--adapter", "{t}/empty_adapter"], ["--adapter", "adapter_config.json"]),
     (["data.eval_set={t}/missing.jsonl"], ["data.eval_set", "does not exist"]),
@@ -105,3 +108,19 @@ def test_a_validation_split_of_another_size_is_not_used(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data.validation_size=4 (the config has 8)" in err[0], err
     assert not run.exists()
+
+
+def test_an_eval_set_of_another_environment_is_evaluated_as_it_is(files, tmp_path, capsys):
+    """An easy run's checkout (its dataset folder written for maze_2d/easy under other settings) asked
+    to evaluate a file of hard mazes: the hard mazes are played, at their own picture size, and the
+    run's dataset folder is not read."""
+    old = old_dataset_folder(tmp_path)
+    run = tmp_path / "run"
+    assert driver.main(["--eval-only", "--eval-set", str(files / "hard.jsonl"), f"trainer.run_dir={run}",
+                        f"data.dataset_dir={old}", "data.train_size=99"]) == 0
+    out = capsys.readouterr().out
+    assert "maze_2d/hard, one line a row" in out and "solve rate" in out
+    played = [json.loads(line) for line in (run / "eval_only.jsonl").read_text().splitlines()]
+    hard = [json.loads(line) for line in (files / "hard.jsonl").read_text().splitlines()]
+    assert [p["seed"] for p in played] == [h["seed"] for h in hard]
+    assert [p["optimal_moves"] for p in played] == [h["optimal_moves"] for h in hard]

@@ -1,0 +1,63 @@
+"""The environment interface: everything the training loop, the env pool and the evaluation know
+about a task. A task is a family of gymnasium environments with rows of fixed instances (a
+dataset); rl/ and actors/ see only this class, never a maze.
+
+A row is a JSON object with at least `seed` and `env_id`; the rest is the task's own. The
+gymnasium env a task makes must take `reset(seed=..., options={"init_state": init_state(row)})`
+and `step(answer)` with the model's answer text, and put `feedback` (the text the agent sees next
+turn) and `valid_action` in its info. Register a task of your own by import path:
+`environment.env_class=my_package.my_module:MyTask` (a subclass of Environment; envs/registry.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable
+from pathlib import Path
+
+import gymnasium as gym
+
+
+class Environment:
+    name: str = ""          # the value of environment.env_class that selects it
+    instruction: str = ""   # what the agent is told once, before the first picture
+
+    def picture_side(self, cell_px: int) -> int:
+        """The side in pixels of the square picture the env renders at `environment.cell_px`."""
+        raise NotImplementedError
+
+    def make_env(self, cell_px: int, max_turns: int) -> gym.Env:
+        raise NotImplementedError
+
+    def init_state(self, row: dict) -> dict:
+        """What reset(options={"init_state": ...}) needs to rebuild the row's instance."""
+        raise NotImplementedError
+
+    def check_row(self, row: dict) -> None:
+        """Raise ValueError naming what a row of this task lacks."""
+        raise NotImplementedError
+
+    def state_key(self, info: dict) -> Hashable:
+        """The part of the env's state after a step that GiGPO's step-level groups compare (turns of
+        one group's episodes that start from equal keys are one step group)."""
+        raise NotImplementedError
+
+    def write_dataset(self, folder: Path, data, max_turns: int) -> dict:
+        """Write train.jsonl, eval.jsonl (and validation.jsonl) and manifest.json for settings.DataConfig
+        `data`; return the manifest."""
+        raise NotImplementedError
+
+    # ---- the expert and the ceilings: tasks without an expert keep these defaults ---------------
+    def expert_turns(self, row: dict) -> int | None:
+        """Turns the expert needs to solve the row (its last action included), or None."""
+        return None
+
+    def env_ceiling(self, max_turns: int) -> float | None:
+        """The expert's solve rate on unfiltered random instances within max_turns, or None."""
+        return None
+
+    def is_hard(self, row: dict) -> bool:
+        """Harder than the task's easiest instances (data.long_route_repeats repeats these)."""
+        return False
+
+    def describe(self, row: dict) -> dict:
+        """What an eval record keeps about the row beside its outcome."""
+        return {}
