@@ -124,3 +124,29 @@ def make_adapter(model_dir, out_dir, seed, rank=4, scale=1.0):
                 p.mul_(scale)
     peft.save_pretrained(out_dir)
     return str(out_dir)
+
+
+def logged_steps(run):
+    """The steps in metrics.jsonl so far (while a run may be writing it)."""
+    import json
+    steps = []
+    if (run / "metrics.jsonl").exists():
+        for line in (run / "metrics.jsonl").read_text().splitlines():
+            try:
+                steps.append(json.loads(line)["step"])
+            except ValueError:
+                pass  # a line being written
+    return steps
+
+
+def signal_at_steps(proc, run, pid: int, schedule: list[tuple[int, int]], timeout_s: float) -> None:
+    """Send process `pid` each signal of `schedule` [(step, signal)] once the run `proc` writes to `run`
+    has logged that step (a store stopped, resumed or killed mid-run)."""
+    import os
+    import time
+    deadline = time.monotonic() + timeout_s
+    for step, action in schedule:
+        while step not in logged_steps(run):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        os.kill(pid, action)

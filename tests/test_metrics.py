@@ -19,6 +19,7 @@ import requests
 import yaml
 
 from deploy.local_cluster import LocalCluster, free_port
+from tests.conftest import signal_at_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -82,11 +83,6 @@ class Prometheus:
         self.log.close()
 
 
-def logged_steps(run: Path) -> set[int]:
-    path = run / "metrics.jsonl"
-    return {json.loads(line)["step"] for line in path.read_text().splitlines()} if path.exists() else set()
-
-
 def train_with_failing_uploads(cluster: LocalCluster, store, run: Path) -> subprocess.CompletedProcess:
     """A short run on the cluster checkpointing every step to S3; the S3 server is stopped (SIGSTOP)
     through the saves of steps 2 and 3, so two uploads fail after trainer.ckpt_timeout_s."""
@@ -98,13 +94,8 @@ def train_with_failing_uploads(cluster: LocalCluster, store, run: Path) -> subpr
             "trainer.placement.device_resource=visrl_device"]
     proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=cluster.env())
-    deadline = time.monotonic() + 600
     try:
-        for step, action in ((1, signal.SIGSTOP), (3, signal.SIGCONT)):
-            while step not in logged_steps(run):
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-                time.sleep(0.05)
-            os.kill(store.proc.pid, action)
+        signal_at_steps(proc, run, store.proc.pid, [(1, signal.SIGSTOP), (3, signal.SIGCONT)], 600)
         out, err = proc.communicate(timeout=600)
     finally:
         os.kill(store.proc.pid, signal.SIGCONT)

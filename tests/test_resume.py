@@ -4,6 +4,7 @@ import json
 
 from safetensors.torch import load_file
 
+from tests.conftest import logged_steps, signal_at_steps
 from tests.test_e2e import run_driver, tiny_run_args
 
 VOLATILE = ("timing/", "time", "ckpt/", "sync/adapter_load_s", "generate/tokens_per_s", "generate/total_tokens_per_s",
@@ -44,18 +45,6 @@ def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tmp
     assert all((wa[k] - wb[k]).abs().max() < 1e-5 for k in wa)
     done = run_driver(tiny(tiny_model_dir, parts))
     assert done.returncode == 0 and "is complete" in done.stdout
-
-
-def logged_steps(run):
-    """The steps in metrics.jsonl so far (while a run may be writing it)."""
-    steps = []
-    if (run / "metrics.jsonl").exists():
-        for line in (run / "metrics.jsonl").read_text().splitlines():
-            try:
-                steps.append(json.loads(line)["step"])
-            except ValueError:
-                pass  # a line being written
-    return steps
 
 
 def tensorboard_steps(run, tag="reward/avg_raw_reward"):
@@ -135,7 +124,6 @@ def test_checkpoint_store_faults_are_bounded_retried_and_reported(tiny_model_dir
     import signal
     import subprocess
     import sys
-    import time
 
     from tests.conftest import S3Server
     from tests.test_e2e import ROOT
@@ -149,12 +137,7 @@ def test_checkpoint_store_faults_are_bounded_retried_and_reported(tiny_model_dir
             "s3.max_attempts=1", "trainer.ckpt_timeout_s=4"]
         proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-        deadline = time.monotonic() + 400
-        for step, action in ((1, signal.SIGSTOP), (2, signal.SIGCONT), (4, signal.SIGKILL)):
-            while step not in logged_steps(run):
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-                time.sleep(0.05)
-            os.kill(server.proc.pid, action)
+        signal_at_steps(proc, run, server.proc.pid, [(1, signal.SIGSTOP), (2, signal.SIGCONT), (4, signal.SIGKILL)], 400)
         out, err = proc.communicate(timeout=300)
     finally:
         os.kill(server.proc.pid, signal.SIGCONT)
