@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,6 +21,7 @@ import torch.distributed as dist
 
 from inference.pictures import PicturePreprocessor
 from rl.algorithm import AlgorithmConfig, entropy, policy_loss
+from storage.atomic import replace_dir, temp_beside
 from vlm.forward import agree_max, collate, sampled_logprobs, score_seqs
 from vlm.load import release_cached_memory
 from vlm.sharding import init_distributed, shard_model, staging_device
@@ -224,7 +222,7 @@ class FSDPPolicyShard:
         if self.rank != 0:
             return None
         folder = Path(folder)
-        tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex}.tmp")
+        tmp = temp_beside(folder)
         tmp.mkdir(parents=True)
         tensors = get_peft_model_state_dict(self.model, state_dict=full)
         if not tensors or any(t.numel() == 0 for t in tensors.values()):
@@ -234,9 +232,7 @@ class FSDPPolicyShard:
         config["base_model_name_or_path"] = self.model_path
         config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
         (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, default=str))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
+        replace_dir(tmp, folder)
         return str(folder)
 
     def state_dict(self) -> dict | None:

@@ -22,6 +22,7 @@ from envs.expert import shortest_path
 from envs.generate import DELTAS
 from envs.maze import SIZES, MazeEnv
 from envs.rows import rows_bytes
+from storage.atomic import write_atomic
 
 
 def shortest_route(env_id: str) -> int:
@@ -115,16 +116,12 @@ def write_dataset(out_dir, env_id: str, train_size: int, eval_size: int, train_s
                 "splits": {}}
     for name, rows, start, scanned in splits:
         data = rows_bytes(rows)
-        tmp = out / f".{name}.jsonl.tmp"
-        tmp.write_bytes(data)
-        tmp.replace(out / f"{name}.jsonl")
+        write_atomic(out / f"{name}.jsonl", data)
         manifest["splits"][name] = {
             "file": f"{name}.jsonl", "rows": len(rows), "seed_range": [start, start + scanned],
             "skipped_by_filter": scanned - len(rows), "sha256": hashlib.sha256(data).hexdigest(),
             "optimal_moves": _histogram(r["optimal_moves"] for r in rows)}
-    tmp = out / ".manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    tmp.replace(out / "manifest.json")
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
 

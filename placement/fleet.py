@@ -26,6 +26,7 @@ from placement.launch import launch, restart_checkpointer, settle_nodes, teardow
 from placement.plan import make_plan
 from rl.rollout import RolloutRunner
 from rl.state import RunState
+from storage.atomic import write_atomic
 
 # What an actor's death looks like to the driver: a crashed, killed or unreachable actor, or an
 # object that lived on a lost node (a ref shard's log-probs, say).
@@ -89,9 +90,7 @@ class Fleet:
         record = {"time": time.time(), "namespace": self.cfg.ray.namespace,
                   "driver_node": ray.get_runtime_context().get_node_id(), "actors": self.actors.nodes,
                   "code": code}
-        tmp = self.run_dir / "placement.json.tmp"
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        tmp.replace(self.run_dir / "placement.json")
+        write_atomic(self.run_dir / "placement.json", json.dumps(record, indent=2) + "\n")
         nodes = sorted(set(self.actors.nodes.values()))
         print(f"placed {len(self.actors.nodes)} actors on {len(nodes)} node(s): " + "; ".join(
             f"{n[:8]}: {', '.join(a for a, m in self.actors.nodes.items() if m == n)}" for n in nodes), flush=True)
@@ -312,9 +311,7 @@ class Fleet:
         path = self.run_dir / "recoveries.jsonl"
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         lines = [r | fields if r["restart"] == restart and r.get("ok") else r for r in lines]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in lines))
-        tmp.replace(path)
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in lines))
 
     def _append(self, name: str, record: dict) -> None:
         with open(self.run_dir / name, "a") as f:

@@ -14,6 +14,8 @@ import shutil
 import uuid
 from pathlib import Path
 
+from storage.atomic import replace_dir, temp_beside, write_atomic
+
 
 class StorageError(RuntimeError):
     pass
@@ -53,12 +55,7 @@ class LocalStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, data, durable=True)
 
     def get_bytes(self, key: str) -> bytes:
         try:
@@ -85,15 +82,9 @@ class LocalStore:
         """Copy a folder in under `key`, visible only when complete (temporary name, rename)."""
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
+        tmp = temp_beside(dest)
         shutil.copytree(local_dir, tmp)
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.old")
-            os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
+        replace_dir(tmp, dest)
 
     def download_dir(self, key: str, local_dir: str, only=None) -> str:
         """Copy the folder `key` to local_dir; `only(relative path)` picks the files (default: all)."""

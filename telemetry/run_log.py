@@ -12,6 +12,8 @@ import json
 import math
 from pathlib import Path
 
+from storage.atomic import write_atomic
+
 
 class RunLog:
     def __init__(self, run_dir: str, keep_through_step: int = -1, logger: str = "tensorboard", prometheus: bool = True,
@@ -33,9 +35,7 @@ class RunLog:
             return
         keep = [line for line in self.path.read_text().splitlines()
                 if line.strip() and json.loads(line).get("step", 0) <= step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        tmp.replace(self.path)
+        write_atomic(self.path, "".join(line + "\n" for line in keep))
 
     def rewind(self, step: int) -> None:
         """Drop what was logged after `step` (it will be redone), in metrics.jsonl and TensorBoard."""

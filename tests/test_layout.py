@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Lowest first. A module may import its own package and packages of lower layers, nothing else.
 LAYERS = [
-    {"assets", "configs", "storage", "telemetry", "envs", "inference"},
+    {"storage"},
+    {"assets", "configs", "telemetry", "envs", "inference"},
     {"vlm"},
     {"rl"},
     {"settings"},
