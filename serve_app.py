@@ -16,7 +16,6 @@ import json
 import logging
 import re
 import time
-from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -58,10 +57,10 @@ class MultiLoraServer:
         import torch
 
         from inference.hf_backend import HFBackend
-        from vlm.load import DEFAULT_CACHE, load_model
+        from vlm.load import DEFAULT_CACHE, load_model, resolve_device
 
         self.s = ServeSettings(**settings)
-        device = self.s.device if self.s.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        device = resolve_device(self.s.device)
         s3 = S3Config(endpoint_url=self.s.s3_endpoint_url or None)
         model, processor = load_model(self.s.base_model, device, torch.bfloat16 if device == "cuda" else torch.float32, s3)
         self.backend = HFBackend(model, processor, device)  # `generate`: CUDA graphs would pin one adapter
@@ -85,18 +84,12 @@ class MultiLoraServer:
         return folder
 
     def _apply_adapter(self, name: str, folder: str) -> None:
-        from peft import PeftModel
         start = time.perf_counter()
-        if self.backend.peft is None:
-            self.backend.peft = PeftModel.from_pretrained(self.backend.model, folder, adapter_name=name)
-            self.backend.model = self.backend.peft
-        else:
-            self.backend.peft.load_adapter(folder, adapter_name=name)
-        self.backend.peft.eval()
+        self.backend.add_adapter(name, folder)
         self.metrics["apply"].observe(time.perf_counter() - start, tags={"adapter": name})
 
     def _unload_adapter(self, name: str) -> None:
-        self.backend.peft.delete_adapter(name)
+        self.backend.remove_adapter(name)
 
     # ---- API ----------------------------------------------------------------------------------
     @api.get("/health")
@@ -189,23 +182,14 @@ class MultiLoraServer:
 
     def _run_group(self, adapter: str | None, reqs: list[ChatRequest]) -> list:
         from inference.requests import GenRequest, Sampling
-        peft = self.backend.peft
-        if peft is not None:
-            if adapter is None:
-                ctx = peft.disable_adapter()
-            else:
-                peft.set_adapter(adapter)
-                ctx = nullcontext()
-        else:
-            ctx = nullcontext()
         out = []
-        with ctx:
+        with self.backend.adapter(adapter):
             for req in reqs:
                 try:
                     gen = GenRequest(messages=req.messages)
                     sampling = Sampling(max_new_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
                                         seed=req.seed, stop=req.stop)
-                    tokenized = self.backend._tokenize_messages(gen)
+                    tokenized = self.backend.tokenize_messages(gen)
                     if len(tokenized.prompt_ids) + req.max_tokens > self.s.max_model_len:
                         raise APIError(400, f"prompt ({len(tokenized.prompt_ids)} tokens) + max_tokens "
                                             f"({req.max_tokens}) exceeds max_model_len={self.s.max_model_len}",

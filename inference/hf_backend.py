@@ -8,13 +8,14 @@ distribution the tokens were sampled from, so the trainer can use them as the be
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from inference.graph_decode import GraphDecoder
 from inference.pictures import PicturePreprocessor
-from inference.requests import GenRequest, GenResult, Sampling
+from inference.requests import GenRequest, GenResult, Sampling, never_emit_ids
 
 
 def distinct_prompts(requests: list[GenRequest]) -> tuple[list[GenRequest], torch.Tensor]:
@@ -53,14 +54,11 @@ class HFBackend:
         self.peft = None
         self._base = None  # GPU only: the unmerged base weights, page-locked on the host
         self.gpu_weights = "base"  # base | merged (the adapter added in) | host (asleep)
-        # Markup the model must never emit: a stray <|image_pad|> in an answer would re-enter the
-        # next prompt as a picture placeholder with no picture behind it.
-        self.suppress = [i for i in self.tok.convert_tokens_to_ids(
-            ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|im_start|>",
-             self.tok.pad_token]) if i is not None and i != self.tok.unk_token_id]
+        self.suppress = never_emit_ids(self.tok)
 
     # ---- requests -------------------------------------------------------------------------
-    def _tokenize_messages(self, req: GenRequest) -> GenRequest:
+    def tokenize_messages(self, req: GenRequest) -> GenRequest:
+        """A chat-messages request as token ids and pictures, through the model's chat template."""
         images, content_messages = [], []
         for m in req.messages:
             content = m["content"]
@@ -98,7 +96,7 @@ class HFBackend:
 
     @torch.no_grad()
     def generate(self, requests: list[GenRequest], sampling: Sampling, adapter_version: int) -> list[GenResult]:
-        requests = [self._tokenize_messages(r) if r.messages is not None else r for r in requests]
+        requests = [self.tokenize_messages(r) if r.messages is not None else r for r in requests]
         out = []
         for i in range(0, len(requests), self.max_batch):
             out += self._generate_chunk(requests[i:i + self.max_batch], sampling, adapter_version)
@@ -165,29 +163,52 @@ class HFBackend:
     # would drift over versions). The price: W + B A rounded to bf16 is not what the trainer
     # computes (docs/configuration.md). On the CPU neither applies.
     def load_adapter(self, folder: str) -> None:
-        """Load a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors)."""
+        """The rollouts' adapter: a new version of the one adapter, in place of the last."""
+        self.add_adapter("default", folder)
+
+    def add_adapter(self, name: str, folder: str) -> None:
+        """Load a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) as `name`,
+        in place of an adapter of that name (the serve app keeps several, by name)."""
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
         from safetensors.torch import load_file
 
         folder = Path(folder)
         config = LoraConfig(**{k: v for k, v in json.loads((folder / "adapter_config.json").read_text()).items()
                                if k in LoraConfig.__dataclass_fields__})
+        config.inference_mode = True
         state = load_file(str(folder / "adapter_model.safetensors"))
         if self.peft is None:
             if self.merge_lora:
                 self._keep_base_copy()  # before PEFT wraps the model: every parameter now is the base
-            config.inference_mode = True
             # the adapter in the base's dtype: PEFT's default fp32 adapter made every decode step on a
             # bf16 GPU model cast activations to fp32 and back around fp32 matmuls in each LoRA layer
-            self.peft = get_peft_model(self.model, config, autocast_adapter_dtype=False)
+            self.peft = get_peft_model(self.model, config, adapter_name=name, autocast_adapter_dtype=False)
             self.peft.eval()
             self.model = self.peft
             self.decoder = None  # its graphs were captured without the LoRA layers
+        elif name not in self.peft.peft_config:
+            self.peft.add_adapter(name, config)
+            self.peft.eval()
         if self.gpu_weights == "merged":
             self._restore_base()
-        result = set_peft_model_state_dict(self.model, state)
+        result = set_peft_model_state_dict(self.model, state, adapter_name=name)
         if getattr(result, "unexpected_keys", None):
             raise ValueError(f"adapter {folder} has tensors this model lacks: {result.unexpected_keys[:3]}")
+
+    def remove_adapter(self, name: str) -> None:
+        self.peft.delete_adapter(name)
+
+    @contextmanager
+    def adapter(self, name: str | None):
+        """Generate with adapter `name`, or with the base where it is None."""
+        if self.peft is None:
+            yield
+        elif name is None:
+            with self.peft.disable_adapter():
+                yield
+        else:
+            self.peft.set_adapter(name)
+            yield
 
     def _prepare_weights(self) -> None:
         """Before a generate on a GPU: the current adapter merged into the base."""

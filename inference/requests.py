@@ -42,3 +42,15 @@ class AdapterRef:
     """A LoRA adapter version on shared storage: what the policy hands the engines after a sync."""
     path: str
     version: int
+
+
+# Markup an answer must never hold: a stray <|image_pad|> would re-enter the next prompt as a picture
+# placeholder with no picture behind it. The hf engine suppresses these tokens; vLLM's answers are
+# cut at the first one.
+NEVER_EMIT = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|im_start|>")
+
+
+def never_emit_ids(tokenizer) -> list[int]:
+    """The ids of NEVER_EMIT and the pad token in this tokenizer (those it has)."""
+    ids = tokenizer.convert_tokens_to_ids([*NEVER_EMIT, tokenizer.pad_token])
+    return [i for i in ids if i is not None and i != tokenizer.unk_token_id]

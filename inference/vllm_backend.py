@@ -25,11 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from inference.requests import GenRequest, GenResult, Sampling
-
-# A stray picture placeholder in an answer would re-enter the next prompt as a picture with no
-# picture behind it.
-NEVER_EMIT = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|im_start|>"]
+from inference.requests import GenRequest, GenResult, Sampling, never_emit_ids
 
 
 class AdapterRankError(ValueError):
@@ -92,7 +88,7 @@ class VLLMBackend:
         self.tok = self.llm.get_tokenizer()
         self.end_id = self.tok.convert_tokens_to_ids("<|im_end|>")
         self.image_pad_id = self.tok.convert_tokens_to_ids("<|image_pad|>")
-        self.never_emit = set(self.tok.convert_tokens_to_ids(NEVER_EMIT)) - {None, self.tok.unk_token_id}
+        self.never_emit = set(never_emit_ids(self.tok))
         self.lora = None
 
     def generate(self, requests: list[GenRequest], sampling: Sampling, adapter_version: int) -> list[GenResult]:
