@@ -1,8 +1,6 @@
 """Serve app settings: defaults, `serve run serve_app:app key=value` arguments, config-file args."""
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,19 +31,8 @@ class ServeSettings:
 
     @classmethod
     def from_args(cls, args: dict) -> "ServeSettings":
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        values = {}
-        for key, raw in (args or {}).items():
-            if key not in fields:
-                hint = difflib.get_close_matches(key, fields, n=1)
-                raise ValueError(f"unknown serve argument '{key}'" + (f"; did you mean '{hint[0]}'?" if hint else "")
-                                 + f" (known: {', '.join(fields)})")
-            kind = type(fields[key].default)
-            try:
-                values[key] = raw if isinstance(raw, kind) and not isinstance(raw, bool) else _convert(raw, kind)
-            except ValueError:
-                raise ValueError(f"serve argument '{key}' expects {kind.__name__}, got {raw!r}") from None
-        s = cls(**values)
+        from settings.load import typed_settings
+        s = typed_settings(cls, args, "serve argument")
         if s.backend not in ("hf", "vllm"):
             raise ValueError(f"serve argument 'backend' must be hf or vllm, got '{s.backend}'")
         if s.max_loras < 1 or s.num_replicas < 1:
@@ -55,13 +42,3 @@ class ServeSettings:
         if not s.base_id:
             s.base_id = Path(s.base_model.rstrip("/")).name
         return s
-
-
-def _convert(raw, kind):
-    if kind is bool:
-        if str(raw).lower() in ("1", "true", "yes"):
-            return True
-        if str(raw).lower() in ("0", "false", "no"):
-            return False
-        raise ValueError(raw)
-    return kind(raw)

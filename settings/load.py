@@ -117,6 +117,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     return cfg
 
 
+def typed_settings(schema, values: dict | None, what: str):
+    """An instance of the dataclass `schema` from `values` (strings such as `serve run`'s key=value
+    arguments converted to each field's type), with errors that name the `what` at fault."""
+    known = [f.name for f in dataclasses.fields(schema)]
+    for key in values or {}:
+        if key not in known:
+            hint = difflib.get_close_matches(key, known, n=1)
+            raise ConfigError(f"unknown {what} '{key}'" + (f"; did you mean '{hint[0]}'?" if hint else "")
+                              + f" (known: {', '.join(known)})")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values or {}))
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        kind = next((type(f.default).__name__ for f in dataclasses.fields(schema) if f.name == key), "another type")
+        raise ConfigError(f"{what} '{key}' expects {kind}, got {(values or {}).get(key)!r}") from None
+
+
 def _get(cfg: Config, key: str):
     node = cfg
     for part in key.split("."):

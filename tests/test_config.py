@@ -142,3 +142,17 @@ def test_every_unsupported_skyrl_key_is_refused_with_its_reason_and_documented()
         with pytest.raises(ConfigError, match="does not support") as e:
             load_config(None, [f"{key}=1"])
         assert why in str(e.value)
+
+
+def test_serve_arguments_are_typed_and_typos_named():
+    """`serve run serve_app:app key=value`: strings become each setting's type through the same
+    loader as the training config; a typo or a wrong type is named, with the fix."""
+    from serving.settings import ServeSettings
+    s = ServeSettings.from_args({"max_loras": "2", "num_gpus": "0.5", "base_model": "s3://b/models/maze-vl/"})
+    assert (s.max_loras, s.num_gpus, s.base_id) == (2, 0.5, "maze-vl")
+    with pytest.raises(ValueError, match="unknown serve argument 'max_lora'; did you mean 'max_loras'"):
+        ServeSettings.from_args({"max_lora": "2"})
+    with pytest.raises(ValueError, match="serve argument 'max_loras' expects int, got 'two'"):
+        ServeSettings.from_args({"max_loras": "two"})
+    with pytest.raises(ValueError, match="backend' must be hf or vllm"):
+        ServeSettings.from_args({"backend": "tgi"})
