@@ -20,7 +20,6 @@ import json
 import shutil
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -121,13 +120,6 @@ class Checkpointer:
                 return step, notes
             notes.append(f"{step_dir(step)}: {problem}")
         return None, notes
-
-    def latest(self) -> int | None:
-        """The newest checkpoint that verifies, or None; what was skipped is warned about."""
-        step, notes = self.find_latest()
-        for note in notes:
-            warnings.warn(f"checkpoint {self.path}: skipped {note}", stacklevel=2)
-        return step
 
     def verify(self, step: int) -> str | None:
         try:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors.checkpointer import MARKER, Checkpointer, CheckpointError
+from actors.checkpointer import MARKER, Checkpointer, CheckpointError, resume_step
 from settings.schema import S3Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def test_round_trip_is_bit_identical_and_prunes_keep_the_latest(tmp_path):
     for step in (1, 2, 3):
         info = save(ck, step, tmp_path)
         assert info["bytes"] > 0
-    assert ck.steps() == [2, 3] and ck.latest() == 3
+    assert ck.steps() == [2, 3] and ck.find_latest()[0] == 3
     assert (tmp_path / "ckpts" / MARKER).read_text() == "3"
     state = ck.load_policy_state(3, str(tmp_path / "restored"))
     want = fake_state(3)
@@ -66,11 +66,12 @@ def test_corrupt_or_partial_checkpoints_are_skipped(tmp_path):
     save(ck, 2, tmp_path)
     blob = tmp_path / "c" / "global_step_2" / "policy" / "adapter_model.safetensors"
     blob.write_bytes(blob.read_bytes()[:-3] + b"xyz")
-    with pytest.warns(UserWarning, match="global_step_2"):
-        assert ck.latest() == 1
+    step, notes = ck.find_latest()
+    assert step == 1 and any("global_step_2" in n for n in notes)
     (tmp_path / "c" / "global_step_1" / "manifest.json").unlink()
-    with pytest.warns(UserWarning):
-        assert ck.latest() is None
+    assert ck.find_latest()[0] is None
+    with pytest.raises(CheckpointError, match="no checkpoint under .* verifies"):
+        resume_step(ck, "c")  # checkpoints there, none loadable: an error, not a fresh start
     with pytest.raises(CheckpointError, match="cannot be loaded"):
         ck.load_trainer_state(2)
 
@@ -82,7 +83,7 @@ from tests.test_checkpoint import save
 from actors.checkpointer import Checkpointer
 from pathlib import Path
 ck = Checkpointer({path!r}, max_ckpts_to_keep=2)
-step = (ck.latest() or 0) + 1
+step = (ck.find_latest()[0] or 0) + 1
 print("ready", flush=True)
 while True:
     save(ck, step, Path({tmp!r}))
@@ -104,11 +105,11 @@ def test_killing_the_saver_at_random_moments_always_leaves_a_loadable_latest(tmp
         proc.wait()
         kills += 1
         ck = Checkpointer(path)
-        latest = ck.latest()
+        latest = ck.find_latest()[0]
         if latest is not None:
             assert ck.load_trainer_state(latest)["global_step"] == latest
             ck.load_policy_state(latest, str(tmp_path / "probe"))
-    assert kills >= 5 and Checkpointer(path).latest() is not None
+    assert kills >= 5 and Checkpointer(path).find_latest()[0] is not None
 
 
 def test_s3_save_prune_resume_and_a_server_outage_mid_upload(s3_server, tmp_path):
@@ -117,7 +118,7 @@ def test_s3_save_prune_resume_and_a_server_outage_mid_upload(s3_server, tmp_path
     ck = Checkpointer("s3://ckpts/run1", cfg, max_ckpts_to_keep=2, retries=2, backoff_s=0.1)
     for step in (1, 2, 3):
         save(ck, step, tmp_path)
-    assert ck.steps() == [2, 3] and ck.latest() == 3
+    assert ck.steps() == [2, 3] and ck.find_latest()[0] == 3
     assert ck.load_policy_state(3, str(tmp_path / "from_s3"))["optimizer_steps"] == 3
     # stop the server (SIGSTOP) as soon as step 4's first object lands, while the upload goes on
     client = s3_server.client()
@@ -141,7 +142,7 @@ def test_s3_save_prune_resume_and_a_server_outage_mid_upload(s3_server, tmp_path
     os.kill(s3_server.proc.pid, signal.SIGCONT)
     assert errors and "failed after 2 tries" in str(errors[0])
     assert client.get_object(Bucket="ckpts", Key="run1/" + MARKER)["Body"].read() == b"3"
-    assert Checkpointer("s3://ckpts/run1", cfg).latest() == 3
+    assert Checkpointer("s3://ckpts/run1", cfg).find_latest()[0] == 3
 
 
 @pytest.mark.parametrize("marker, note", [("", "empty"), ("ei\x00ght", "garbled"), ("9", "global_step_9, which does not exist")])
