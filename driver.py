@@ -305,14 +305,12 @@ def train(cfg, chaos=None) -> int:
     return code
 
 
-def finish_saves(fleet, state, run: Run, attempts: int = 3) -> int:
-    """A run whose last save failed retries it; if it still fails, it says which step is durable
-    and exits non-zero (3) instead of ending as if all were well."""
-    for attempt in range(attempts):
-        if not fleet.save_failed:
-            return 0
-        time.sleep(2 ** attempt)
-        print(f"retrying the checkpoint of step {state.step} ({attempt + 1}/{attempts})", flush=True)
+def finish_saves(fleet, state, run: Run) -> int:
+    """A failed save is tried again at the next step; the last step has none, so its save is tried
+    once more here. If it still fails, the run says which step is durable and exits non-zero (3)
+    instead of ending as if all were well."""
+    if fleet.save_failed:
+        print(f"retrying the checkpoint of step {state.step}", flush=True)
         fleet.checkpoint(state, run.config_yaml)
     if not fleet.save_failed:
         return 0

@@ -38,14 +38,15 @@ class CheckpointError(RuntimeError):
 
 
 class Checkpointer:
-    def __init__(self, ckpt_path: str, s3_cfg=None, max_ckpts_to_keep: int = -1, retries: int = 3,
-                 backoff_s: float = 0.5):
-        self.path, self.keep, self.retries, self.backoff_s = ckpt_path, max_ckpts_to_keep, retries, backoff_s
+    def __init__(self, ckpt_path: str, s3_cfg=None, max_ckpts_to_keep: int = -1):
+        self.path, self.keep = ckpt_path, max_ckpts_to_keep
         self.store = open_store(ckpt_path, s3_cfg)
 
     # ---- save ---------------------------------------------------------------------------------
     def save(self, step: int, trainer_state: dict, policy_state: dict, adapter_dir: str) -> dict:
-        """Write global_step_{step}, then the marker; returns {"seconds", "bytes"}. Retries with backoff."""
+        """Write global_step_{step}, then the marker; returns {"seconds", "bytes"}. One attempt: S3's
+        transient errors are retried by botocore (s3.max_attempts); a save that still fails is
+        retried by the run at its next step (placement/fleet.py)."""
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp) / step_dir(step)
@@ -60,19 +61,16 @@ class Checkpointer:
             manifest = {"step": step, "files": {str(p.relative_to(folder)): _sha256(p.read_bytes()) for p in files}}
             (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
             size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-            self._retry(f"upload of {step_dir(step)}", lambda: self.store.upload_dir(str(folder), step_dir(step)))
-        self._retry("commit marker", lambda: self.store.put_bytes(MARKER, str(step).encode()))
+            self._attempt(f"upload of {step_dir(step)}", lambda: self.store.upload_dir(str(folder), step_dir(step)))
+        self._attempt("commit marker", lambda: self.store.put_bytes(MARKER, str(step).encode()))
         self.prune()
         return {"seconds": time.perf_counter() - start, "bytes": size}
 
-    def _retry(self, what: str, fn):
-        for attempt in range(1, self.retries + 1):
-            try:
-                return fn()
-            except (StorageError, OSError) as e:
-                if attempt == self.retries:
-                    raise CheckpointError(f"checkpoint {what} to {self.path} failed after {attempt} tries: {e}") from None
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+    def _attempt(self, what: str, fn):
+        try:
+            return fn()
+        except (StorageError, OSError) as e:
+            raise CheckpointError(f"checkpoint {what} to {self.path} failed: {e}") from None
 
     def prune(self) -> list[int]:
         """Delete all but the newest `max_ckpts_to_keep` checkpoints; never the committed latest."""

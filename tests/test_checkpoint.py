@@ -115,7 +115,7 @@ def test_killing_the_saver_at_random_moments_always_leaves_a_loadable_latest(tmp
 def test_s3_save_prune_resume_and_a_server_outage_mid_upload(s3_server, tmp_path):
     s3_server.client().create_bucket(Bucket="ckpts")
     cfg = S3Config(endpoint_url=s3_server.url, max_attempts=1, timeout_s=2.0)
-    ck = Checkpointer("s3://ckpts/run1", cfg, max_ckpts_to_keep=2, retries=2, backoff_s=0.1)
+    ck = Checkpointer("s3://ckpts/run1", cfg, max_ckpts_to_keep=2)
     for step in (1, 2, 3):
         save(ck, step, tmp_path)
     assert ck.steps() == [2, 3] and ck.find_latest()[0] == 3
@@ -140,7 +140,7 @@ def test_s3_save_prune_resume_and_a_server_outage_mid_upload(s3_server, tmp_path
     os.kill(s3_server.proc.pid, signal.SIGSTOP)
     t.join(timeout=120)
     os.kill(s3_server.proc.pid, signal.SIGCONT)
-    assert errors and "failed after 2 tries" in str(errors[0])
+    assert errors and "upload of global_step_4 to s3://ckpts/run1 failed" in str(errors[0])
     assert client.get_object(Bucket="ckpts", Key="run1/" + MARKER)["Body"].read() == b"3"
     assert Checkpointer("s3://ckpts/run1", cfg).find_latest()[0] == 3
 
