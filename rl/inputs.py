@@ -15,10 +15,10 @@ from envs.base import Environment
 from envs.registry import get_environment
 from envs.rows import load_rows
 from storage import StorageError, is_s3, open_store
+from storage.adapters import ADAPTER_FILES, adapter_prefix
+from storage.store import join
 from vlm.chat import ChatPrompter
 from vlm.load import model_source
-
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 class InputError(ValueError):
@@ -123,24 +123,18 @@ def load_validation(cfg) -> list[dict]:
 
 
 def adapter_folder(path: str, s3_cfg=None) -> str:
-    """The PEFT adapter folder `--adapter` names: the folder itself, or an export's `policy/`."""
-    if is_s3(path):
-        store = open_store(path, s3_cfg)
-        try:
-            if all(store.exists(f) for f in ADAPTER_FILES):
-                return path
-        except StorageError as e:
-            raise InputError(f"--adapter '{path}': {e}") from None
-        raise InputError(f"--adapter '{path}' holds no {' and '.join(ADAPTER_FILES)}; point it at an adapter prefix")
-    folder = Path(path)
-    if not folder.is_dir():
+    """The PEFT adapter `--adapter` names (a folder or s3:// prefix): the place itself, or an export's `policy/`."""
+    if not is_s3(path) and not Path(path).is_dir():
         raise InputError(f"--adapter '{path}' is not a folder; give an adapter folder such as "
                          f"runs/default/exports/global_step_64/policy")
-    for candidate in (folder, folder / "policy"):
-        if all((candidate / f).is_file() for f in ADAPTER_FILES):
-            return str(candidate)
-    raise InputError(f"--adapter '{path}' holds no {' and '.join(ADAPTER_FILES)}; give a PEFT adapter folder "
-                     f"(a run exports them to <export_path>/global_step_N/policy)")
+    try:
+        prefix = adapter_prefix(open_store(path, s3_cfg))
+    except StorageError as e:
+        raise InputError(f"--adapter '{path}': {e}") from None
+    if prefix is None:
+        raise InputError(f"--adapter '{path}' holds no {' and '.join(ADAPTER_FILES)}; give a PEFT adapter folder "
+                         f"(a run exports them to <export_path>/global_step_N/policy)")
+    return join(path, prefix) if is_s3(path) else str(Path(path, prefix))
 
 
 def make_prompter(processor, cfg) -> ChatPrompter:

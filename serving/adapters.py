@@ -19,10 +19,10 @@ from pathlib import Path
 
 from serving.errors import APIError
 from storage import StorageError, open_store
+from storage.adapters import ADAPTER_FILES, adapter_prefix
 
 log = logging.getLogger("visrl.serve")
 NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")  # matched whole (fullmatch): no trailing newline slips by
-LAYOUTS = ("", "policy/")  # a plain adapter folder, or a run export's global_step_N/policy
 
 
 def validate_name(name: str) -> str:
@@ -46,24 +46,21 @@ class AdapterSource:
         except StorageError as e:  # the base model still serves; say why the adapters are missing
             log.warning("cannot list adapters under %s: %s", self.root, e)
             return []
-        return [d for d in dirs if NAME.fullmatch(d) and self._layout(d) is not None]
+        return [d for d in dirs if NAME.fullmatch(d) and self._prefix(d) is not None]
 
-    def _layout(self, name: str) -> str | None:
-        for layout in LAYOUTS:
-            try:
-                if self.store.exists(f"{name}/{layout}adapter_config.json"):
-                    return layout
-            except StorageError:
-                return None
-        return None
+    def _prefix(self, name: str) -> str | None:
+        try:
+            return adapter_prefix(self.store, name)
+        except StorageError:
+            return None
 
     def fetch(self, name: str) -> tuple[str, float]:
         """(local folder, download seconds): copied from the source into the replica's disk cache."""
         validate_name(name)
         if self.store is None:
             raise APIError(404, f"adapter '{name}' not found: this server has no dynamic_lora_loading_path", "model")
-        layout = self._layout(name)
-        if layout is None:
+        prefix = self._prefix(name)
+        if prefix is None:
             raise APIError(404, f"adapter '{name}' not found; GET /v1/models lists the models",
                            "model")
         dest = self.cache / name
@@ -72,8 +69,8 @@ class AdapterSource:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            for f in ("adapter_config.json", "adapter_model.safetensors"):
-                (tmp / f).write_bytes(self.store.get_bytes(f"{name}/{layout}{f}"))
+            for f in ADAPTER_FILES:
+                (tmp / f).write_bytes(self.store.get_bytes(f"{prefix}/{f}"))
         except StorageError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             log.warning("download of adapter %s failed: %s", name, e)  # where from stays in the server's log
