@@ -42,6 +42,7 @@ class AlgorithmConfig:
     kl_estimator_type: str = "k3"  # a name in KL_ESTIMATORS
     eps_clip_low: float = 0.2
     eps_clip_high: float = 0.2
+    clip_ratio_c: float = 3.0  # dual_clip's cap on a negative advantage's loss, in units of |A|
     loss_reduction: str = "token_mean"  # a name in LOSS_REDUCTIONS
     entropy_coef: float = 0.0
     filter_zero_advantage_groups: bool = False  # visrl: drop all-equal groups from the update
@@ -198,7 +199,27 @@ def ppo_policy_loss(cfg: AlgorithmConfig, logp, old_logp, advantages, weights, r
     With use_tis, `old_logp` is the trainer's own recomputation and `rollout_logp` the engines':
     the tokens were sampled from the engines' distribution, so each token's PPO term is weighted
     by min(pi_old / pi_engine, tis_imp_ratio_cap) (truncated importance sampling, no gradient)."""
+    terms = ppo_clip_loss(logp, old_logp, advantages, cfg.eps_clip_low, cfg.eps_clip_high)
+    return _with_kl_and_entropy(cfg, terms, logp, old_logp, weights, ref_logp, token_entropy, rollout_logp)
+
+
+@_register(POLICY_LOSSES, "dual_clip")
+def dual_clip_policy_loss(cfg: AlgorithmConfig, logp, old_logp, advantages, weights, ref_logp=None,
+                          token_entropy=None, rollout_logp=None) -> tuple[torch.Tensor, dict]:
+    """Dual-clip PPO (Ye et al. 2020; SkyRL's `dual_clip`): as `regular`, but a token with a negative
+    advantage pays at most clip_ratio_c x |A|, so one token whose ratio has grown far past 1 cannot
+    dominate the update."""
     pg, clipped, log_ratio = ppo_clip_loss(logp, old_logp, advantages, cfg.eps_clip_low, cfg.eps_clip_high)
+    pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * cfg.clip_ratio_c), pg)
+    return _with_kl_and_entropy(cfg, (pg, clipped, log_ratio), logp, old_logp, weights, ref_logp, token_entropy,
+                                rollout_logp)
+
+
+def _with_kl_and_entropy(cfg: AlgorithmConfig, terms, logp, old_logp, weights, ref_logp, token_entropy,
+                         rollout_logp) -> tuple[torch.Tensor, dict]:
+    """A per-token policy-gradient loss summed by `weights` (TIS-weighted with use_tis), plus the KL
+    and entropy terms, and the diagnostics."""
+    pg, clipped, log_ratio = terms
     tis = torch.ones_like(pg)
     if cfg.use_tis:
         tis = torch.exp(old_logp - rollout_logp).clamp(max=cfg.tis_imp_ratio_cap).detach()

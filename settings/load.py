@@ -223,6 +223,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"generator.sampling_params.top_p must be in (0, 1]; got {g.sampling_params.top_p}")
     if t.algorithm.eps_clip_low < 0 or t.algorithm.eps_clip_high < 0:
         raise ConfigError("trainer.algorithm.eps_clip_low/high must be >= 0")
+    if t.algorithm.clip_ratio_c <= 1:
+        raise ConfigError(f"trainer.algorithm.clip_ratio_c must be > 1 (dual_clip caps a negative advantage's "
+                          f"loss at clip_ratio_c x |A|); got {t.algorithm.clip_ratio_c}")
     if g.context_window_turns < 0 or g.context_pictures < 0:
         raise ConfigError("generator.context_window_turns and context_pictures must be >= 0 (0 keeps all)")
     if t.resume_mode == "from_path" and not t.resume_path:

@@ -137,6 +137,23 @@ def test_entropy_hand_computed():
     torch.testing.assert_close(entropy(uniform), torch.tensor([math.log(4)]))
 
 
+def test_dual_clip_caps_negative_advantages_only():
+    """dual_clip: a token with a negative advantage whose ratio has run far past 1 + eps pays at most
+    clip_ratio_c x |A|; positive advantages lose exactly what `regular` gives."""
+    logp = torch.log(torch.tensor([5.0, 5.0, 0.5, 1.1]))  # ratios 5, 5, 0.5, 1.1 against old 1
+    old, adv = torch.zeros(4), torch.tensor([-1.0, 1.0, -2.0, 2.0])
+    weights = torch.full((4,), 0.25)
+    regular, _ = policy_loss(AlgorithmConfig(use_kl_loss=False), logp, old, adv, weights)
+    dual, _ = policy_loss(AlgorithmConfig(use_kl_loss=False, policy_loss_type="dual_clip", clip_ratio_c=3.0),
+                          logp, old, adv, weights)
+    # per token, regular: max(-A r, -A clip(r)) = 5, -1.2, 1.6, -2.2; dual_clip caps the first at 3
+    assert abs(float(regular) - 0.25 * (5 - 1.2 + 1.6 - 2.2)) < 1e-6
+    assert abs(float(dual) - 0.25 * (3 - 1.2 + 1.6 - 2.2)) < 1e-6
+    from settings import ConfigError, load_config
+    with pytest.raises(ConfigError, match="clip_ratio_c must be > 1"):
+        load_config(None, ["trainer.algorithm.policy_loss_type=dual_clip", "trainer.algorithm.clip_ratio_c=0.5"])
+
+
 def test_policy_loss_hand_computed():
     """The registered loss the shards call: clipped surrogate + k3 KL - entropy bonus, weighted."""
     cfg = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.5, entropy_coef=0.1)
