@@ -52,8 +52,9 @@ class PolicyConfig:
 class RefConfig:
     fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
     # visrl: the reference is the policy's frozen base (LoRA trains on top of it), so the policy
-    # shards can score it with the adapter switched off; then no RefShard is placed
-    from_policy_base: bool = False
+    # shards score it with the adapter switched off and no RefShard is placed; false places SkyRL's
+    # separate RefShards (the same numbers, one more copy of the base on each device)
+    from_policy_base: bool = True
 
 
 @dataclass

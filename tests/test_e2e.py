@@ -70,14 +70,17 @@ def test_two_grpo_steps_through_ray_actors(tiny_model_dir, tmp_path):
     assert cfg["peft_type"] == "LORA" and cfg["base_model_name_or_path"] == tiny_model_dir
 
 
-def test_reference_from_the_policy_base_places_no_ref_shard(tiny_model_dir, tmp_path, monkeypatch):
-    """trainer.ref.from_policy_base: the KL term's reference comes from the policy shards with the
-    adapter off; no RefShard is placed, and a step still times and logs its ref phase and KL."""
+def test_separate_reference_shards_when_not_from_the_policy_base(tiny_model_dir, tmp_path, monkeypatch):
+    """trainer.ref.from_policy_base=false: the KL term's reference comes from SkyRL's separate
+    RefShards (by default the policy shards score it with the adapter off and none is placed); a
+    step times and logs its ref phase and KL either way."""
     run = tmp_path / "run"
-    args = tiny_run_args(tiny_model_dir, run) + ["trainer.ref.from_policy_base=true", "data.train_size=2",
+    args = tiny_run_args(tiny_model_dir, run) + ["trainer.ref.from_policy_base=false", "data.train_size=2",
                                                  "trainer.eval_before_train=false", "trainer.logger=mlflow"]
     plan = run_driver(["--dry-run", *args])
-    assert "1 policy shards, 0 ref shards, 1 engines" in plan.stdout, plan.stdout + plan.stderr[-2000:]
+    assert "1 policy shards, 1 ref shards, 1 engines" in plan.stdout, plan.stdout + plan.stderr[-2000:]
+    default = run_driver(["--dry-run", *tiny_run_args(tiny_model_dir, run)])
+    assert "1 policy shards, 0 ref shards, 1 engines" in default.stdout, default.stdout + default.stderr[-2000:]
     out = run_driver(args)
     assert out.returncode == 0, out.stderr[-3000:]
     last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
@@ -88,4 +91,4 @@ def test_reference_from_the_policy_base_places_no_ref_shard(tiny_model_dir, tmp_
     client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
     [logged] = client.search_runs([client.get_experiment_by_name("visrl").experiment_id])
     assert logged.data.metrics["policy/policy_kl"] == last["policy/policy_kl"]
-    assert logged.data.params["trainer.ref.from_policy_base"] == "True"
+    assert logged.data.params["trainer.ref.from_policy_base"] == "False"

@@ -31,7 +31,9 @@ def cluster():
     c.shutdown()
 
 
-REFERENCE = ["trainer.placement.cpus_per_bundle=1", "trainer.device=cuda", "trainer.ckpt_path=s3://b/ckpts"]
+# the reference's actors, its separate RefShards included
+REFERENCE = ["trainer.placement.cpus_per_bundle=1", "trainer.device=cuda", "trainer.ckpt_path=s3://b/ckpts",
+             "trainer.ref.from_policy_base=false"]
 
 
 def test_colocated_plan_places_every_rank_on_its_node(cluster):
