@@ -20,8 +20,8 @@ class Environment:
     name: str = ""          # the value of environment.env_class that selects it
     instruction: str = ""   # what the agent is told once, before the first picture
 
-    def picture_side(self, cell_px: int) -> int:
-        """The side in pixels of the square picture the env renders at `environment.cell_px`."""
+    def picture_size(self, cell_px: int) -> tuple[int, int]:
+        """(height, width) in pixels of the picture the env renders at `environment.cell_px`."""
         raise NotImplementedError
 
     def make_env(self, cell_px: int, max_turns: int) -> gym.Env:

@@ -17,8 +17,8 @@ class MazeTask(Environment):
     def __init__(self, name: str, size: int):
         self.name, self.size = name, size
 
-    def picture_side(self, cell_px: int) -> int:
-        return self.size * cell_px
+    def picture_size(self, cell_px: int) -> tuple[int, int]:
+        return self.size * cell_px, self.size * cell_px
 
     def make_env(self, cell_px: int, max_turns: int) -> MazeEnv:
         return MazeEnv(self.size, cell_px, max_turns)

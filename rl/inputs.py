@@ -141,8 +141,8 @@ def make_prompter(processor, cfg) -> ChatPrompter:
     """The chat prompter of the run's model, with the environment's instruction and as many image
     tokens as one of its pictures takes."""
     environment = environment_of(cfg)
-    side = environment.picture_side(cfg.environment.cell_px)
-    enc = processor.image_processor(images=[np.zeros((side, side, 3), np.uint8)], return_tensors="np")
+    height, width = environment.picture_size(cfg.environment.cell_px)
+    enc = processor.image_processor(images=[np.zeros((height, width, 3), np.uint8)], return_tensors="np")
     merge = getattr(processor.image_processor, "merge_size", 1)
     n_tokens = int(np.prod(enc["image_grid_thw"][0]) // (merge * merge))
     return ChatPrompter(processor.tokenizer, n_tokens, environment.instruction)

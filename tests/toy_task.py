@@ -38,11 +38,11 @@ class CountEnv(gym.Env):
 class CountTask(Environment):
     instruction = "How many white squares? Answer with the number."
 
-    def picture_side(self, cell_px: int) -> int:
-        return 4 * cell_px
+    def picture_size(self, cell_px: int) -> tuple[int, int]:
+        return 4 * cell_px, 4 * cell_px
 
     def make_env(self, cell_px: int, max_turns: int) -> CountEnv:
-        return CountEnv(self.picture_side(cell_px), max_turns)
+        return CountEnv(4 * cell_px, max_turns)
 
     def init_state(self, row: dict) -> dict:
         return {"count": row["count"]}
