@@ -12,8 +12,6 @@ see `start_at_junctions`).
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +19,7 @@ import numpy as np
 from envs.expert import shortest_path
 from envs.generate import DELTAS
 from envs.maze import SIZES, MazeEnv
-from envs.rows import rows_bytes
-from storage.atomic import write_atomic
+from envs.rows import write_splits
 
 
 def shortest_route(env_id: str) -> int:
@@ -114,22 +111,7 @@ def write_dataset(out_dir, env_id: str, train_size: int, eval_size: int, train_s
                            "train_long_route_share": long_route_share,
                            "train_junction_start_share": junction_start_share},
                 "splits": {}}
-    for name, rows, start, scanned in splits:
-        data = rows_bytes(rows)
-        write_atomic(out / f"{name}.jsonl", data)
-        manifest["splits"][name] = {
-            "file": f"{name}.jsonl", "rows": len(rows), "seed_range": [start, start + scanned],
-            "skipped_by_filter": scanned - len(rows), "sha256": hashlib.sha256(data).hexdigest(),
-            "optimal_moves": _histogram(r["optimal_moves"] for r in rows)}
-    write_atomic(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return manifest
-
-
-def _histogram(values) -> dict:
-    counts = {}
-    for v in values:
-        counts[str(v)] = counts.get(str(v), 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: int(kv[0])))
+    return write_splits(out, manifest, splits)
 
 
 def init_state(row: dict) -> dict:

@@ -2,8 +2,11 @@
 registered environment, which checks the rest of the row) and its `seed`."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
+
+from storage.atomic import write_atomic
 
 
 def rows_bytes(rows) -> bytes:
@@ -29,3 +32,25 @@ def load_rows(path) -> list[dict]:
             raise ValueError(f"{path}:{n} is {e}") from None
         rows.append(row)
     return rows
+
+
+def write_splits(out: Path, manifest: dict, splits: list[tuple[str, list[dict], int, int]]) -> dict:
+    """Write each split [(name, rows, first seed, seeds scanned)] to <name>.jsonl, then manifest.json
+    (`manifest` with each split's rows, seed range, checksum and optimal-move histogram added).
+    The same rows always give byte-identical files."""
+    for name, rows, start, scanned in splits:
+        data = rows_bytes(rows)
+        write_atomic(out / f"{name}.jsonl", data)
+        manifest["splits"][name] = {
+            "file": f"{name}.jsonl", "rows": len(rows), "seed_range": [start, start + scanned],
+            "skipped_by_filter": scanned - len(rows), "sha256": hashlib.sha256(data).hexdigest(),
+            "optimal_moves": _histogram(r["optimal_moves"] for r in rows)}
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+def _histogram(values) -> dict:
+    counts = {}
+    for v in values:
+        counts[str(v)] = counts.get(str(v), 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: int(kv[0])))

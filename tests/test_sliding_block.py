@@ -1,0 +1,85 @@
+"""The sliding-block puzzle's contract, as VisGym states its rules: blocks slide one cell into empty
+cells, a move that cannot be made changes nothing, only `stop` on the target layout pays 1.0, and
+the BFS expert's moves always solve the puzzle in its optimal number."""
+import numpy as np
+import pytest
+
+from actors.env_pool import EnvPool
+from envs.registry import get_environment
+from envs.sliding_block import DIRECTIONS, INVALID_ACTION, SOLVED, SlidingBlockEnv, parse_move, shortest_moves
+from envs.sliding_block_task import make_rows
+
+
+def test_moves_walls_and_blocks():
+    env = SlidingBlockEnv(shuffle_moves=3, cell_px=16, max_turns=10)
+    env.reset(seed=0)
+    before = dict(env.positions)
+    _, reward, term, trunc, info = env.step("<action>1 up</action>")  # the 2x2 block sits on the top edge
+    assert env.positions == before and info["feedback"] == "Block 1 cannot move up." and info["valid_action"]
+    _, _, _, _, info = env.step("<action>3 right</action>")  # into block 1
+    assert env.positions == before and info["feedback"] == "Block 3 cannot move right."
+    _, reward, term, _, info = env.step("<action>9 down</action>")  # into the empty cell below it
+    assert env.positions[9] == (4, 1) and info["feedback"] == "Moved block 9 down." and (reward, term) == (0.0, False)
+    _, _, _, _, info = env.step("<action>10 left</action>")  # the cell block 9 left
+    assert env.positions[10] == (3, 1)
+    _, reward, term, _, info = env.step("nonsense")
+    assert info["feedback"] == INVALID_ACTION and not info["valid_action"] and reward == 0.0 and not term
+
+
+def test_both_answer_formats_and_the_last_action_counts():
+    assert parse_move("('move', (7, 0))") == parse_move("<action>7 up</action>") == (7, 0)
+    assert parse_move("('stop', 'stop')") == parse_move("<action>STOP</action>") == "stop"
+    assert parse_move("<action>7 up</action> then ('move', (8, 3))") == (8, 3)
+    assert parse_move("<action>7 sideways</action>") is None and parse_move(None) is None
+
+
+@pytest.mark.parametrize("env_id", ["sliding_block/easy", "sliding_block/hard"])
+def test_the_expert_solves_every_row_in_its_optimal_moves(env_id):
+    environment = get_environment(env_id)
+    rows, _ = make_rows(env_id, 100, 24, max_turns=20, solvable_only=True)
+    for row in rows:
+        env = environment.make_env(16, 20)
+        env.reset(options={"init_state": environment.init_state(row)})
+        plan = shortest_moves(dict(SOLVED), env.target)
+        assert len(plan) == row["optimal_moves"] >= 1
+        _, reward, term, _, _ = env.step("<action>stop</action>")  # not there yet
+        assert (reward, term) == (0.0, True)
+        env.reset(options={"init_state": environment.init_state(row)})
+        for block, direction in plan:
+            _, reward, term, _, info = env.step(f"<action>{block} {DIRECTIONS[direction]}</action>")
+            assert not term and info["valid_action"]
+        assert info["solved"]
+        _, reward, term, _, _ = env.step("('stop', 'stop')")
+        assert (reward, term) == (1.0, True)
+
+
+def test_truncated_at_max_turns_and_the_picture_shows_both_boards():
+    env = SlidingBlockEnv(shuffle_moves=3, cell_px=16, max_turns=2)
+    image, _ = env.reset(seed=3)
+    assert image.shape == (5 * 16, 9 * 16, 3)
+    target, current = image[:, :64], image[:, 80:]
+    assert not np.array_equal(target, current)  # the target is shuffled, the agent starts solved
+    env.step("<action>9 down</action>")
+    _, _, term, trunc, _ = env.step("<action>9 up</action>")
+    assert trunc and not term
+
+
+def test_through_the_env_pool_and_the_registry(tmp_path):
+    """The task behind the interface: rows written and read back by their own environment, episodes
+    in the EnvPool, the GiGPO state key the board layout."""
+    from envs.rows import load_rows
+    from settings import load_config
+    cfg = load_config(None, ["environment.env_class=sliding_block/easy", "data.train_size=16", "data.eval_size=4",
+                             "generator.max_turns=10"])
+    environment = get_environment("sliding_block/easy")
+    manifest = environment.write_dataset(tmp_path / "a", cfg.data, 10)
+    environment.write_dataset(tmp_path / "b", cfg.data, 10)
+    assert (tmp_path / "a" / "train.jsonl").read_bytes() == (tmp_path / "b" / "train.jsonl").read_bytes()
+    assert manifest["env_id"] == "sliding_block/easy" and manifest["splits"]["eval"]["rows"] == 4
+    rows = load_rows(tmp_path / "a" / "eval.jsonl")
+    pool = EnvPool("sliding_block/easy", cell_px=16, max_turns=10)
+    starts = pool.reset(["a", "b"], seeds=[r["seed"] for r in rows[:2]],
+                        init_states=[environment.init_state(r) for r in rows[:2]])
+    assert starts[0]["state_key"] == starts[1]["state_key"]  # both start from the solved layout
+    out = pool.step(["a", "b"], ["<action>9 down</action>", "<action>1 up</action>"])
+    assert out[0]["state_key"] != out[1]["state_key"] and out[1]["state_key"] == starts[1]["state_key"]
