@@ -256,7 +256,6 @@ UNSUPPORTED: dict[str, str] = {
     "trainer.algorithm.value_head_prefix": "there is no critic", "trainer.algorithm.value_clip": "there is no critic",
     "trainer.algorithm.lambd": "GAE is not implemented",
     "trainer.algorithm.gamma": "GAE is not implemented (GiGPO's discount is trainer.algorithm.gigpo.gamma)",
-    "trainer.algorithm.clip_ratio_c": "dual-clip PPO is not implemented",
     "trainer.algorithm.normalize_reward": "rewards are the env's 0/1",
     "trainer.algorithm.dynamic_sampling": "use trainer.algorithm.filter_zero_advantage_groups",
     "trainer.bf16": "the dtype follows the device (bf16 on cuda, fp32 on cpu)",
