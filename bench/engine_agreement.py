@@ -26,9 +26,10 @@ def play(backend, cfg, device, rows, adapters):
     from actors.env_pool import EnvPool
     from actors.handles import EngineClient
     from actors.vllm_engine import VLLMEngine, engine_settings
+    from envs.dataset import init_state
     from inference.requests import AdapterRef, Sampling
     from rl.inputs import make_prompter
-    from rl.rollout import RolloutRunner, Task, init_state
+    from rl.rollout import RolloutRunner, Task
     from vlm.load import compute_dtype
     from vlm.processor import load_processor
 

@@ -15,10 +15,11 @@ import pytest
 from actors.env_pool import EnvPool
 from actors.handles import EngineClient
 from actors.vllm_engine import StaleAdapterError, VLLMEngine, engine_settings
+from envs.dataset import init_state
 from inference.requests import AdapterRef, Sampling
 from inference.vllm_backend import AdapterRankError
 from rl.inputs import load_datasets, make_prompter
-from rl.rollout import RolloutRunner, Task, init_state
+from rl.rollout import RolloutRunner, Task
 from settings import load_config
 from tests.conftest import make_adapter
 from vlm.processor import load_processor
