@@ -61,3 +61,52 @@ class Environment:
     def describe(self, row: dict) -> dict:
         """What an eval record keeps about the row beside its outcome."""
         return {}
+
+
+class StopToWinEnv(gym.Env):
+    """The turn rules the VisGym tasks here share: one action a turn; `stop` ends the episode and
+    pays 1.0 only where the goal is reached; an answer that holds no action uses up the turn with
+    `invalid_feedback`; after `max_turns` turns the episode is truncated. A task supplies how an
+    answer parses, what an action does, the goal test, the picture and the info."""
+    invalid_feedback = "Invalid action."
+    stopped_feedback = ("Stopped on the goal.", "Stopped away from the goal.")
+    max_turns: int
+    turn: int
+    feedback: str
+
+    def parse(self, answer):
+        """The action an answer holds: "stop", a task action, or None."""
+        raise NotImplementedError
+
+    def act(self, action) -> str:
+        """Apply a task action; returns the feedback the agent sees next turn."""
+        raise NotImplementedError
+
+    def at_goal(self) -> bool:
+        raise NotImplementedError
+
+    def started(self) -> bool:
+        raise NotImplementedError
+
+    def observation(self):
+        raise NotImplementedError
+
+    def info(self, valid: bool) -> dict:
+        raise NotImplementedError
+
+    def step(self, answer):
+        if not self.started():
+            raise RuntimeError("call reset() before step()")
+        action = self.parse(answer)
+        self.turn += 1
+        terminated, reward = False, 0.0
+        if action is None:
+            self.feedback = self.invalid_feedback
+        elif action == "stop":
+            terminated = True
+            reward = 1.0 if self.at_goal() else 0.0
+            self.feedback = self.stopped_feedback[0 if reward else 1]
+        else:
+            self.feedback = self.act(action)
+        truncated = not terminated and self.turn >= self.max_turns
+        return self.observation(), reward, terminated, truncated, self.info(valid=action is not None)

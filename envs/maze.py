@@ -7,11 +7,11 @@ reward is 1.0 for `stop` on the goal; `stop` anywhere else ends the episode with
 """
 from __future__ import annotations
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
 from envs.actions import ACTIONS, MOVES, parse_action
+from envs.base import StopToWinEnv
 from envs.expert import optimal_moves
 from envs.generate import DELTAS, corner_pair, wilson_maze
 from envs.render import draw_agent, render_background, render_text
@@ -23,8 +23,9 @@ INVALID_ACTION = ("Invalid action. Answer with one of <action>right</action>, <a
 WALL_HIT = "Cannot move into a wall."
 
 
-class MazeEnv(gym.Env):
+class MazeEnv(StopToWinEnv):
     metadata = {"render_modes": ["rgb_array", "ansi"]}
+    invalid_feedback = INVALID_ACTION
 
     def __init__(self, size: int = 9, cell_px: int = 32, max_turns: int = 15,
                  render_mode: str = "rgb_array"):
@@ -55,32 +56,27 @@ class MazeEnv(gym.Env):
             self.turn = 0
         self._background = render_background(self.maze, self.target, self.cell_px)
         self.feedback = ""
-        return self._observation(), self._info(valid=True)
+        return self.observation(), self.info(valid=True)
 
-    def step(self, action):
-        if self.maze is None:
-            raise RuntimeError("call reset() before step()")
+    # ---- the turn rules (envs.base.StopToWinEnv.step) ---------------------------------------
+    def parse(self, action):
         if isinstance(action, (int, np.integer)) and not isinstance(action, bool):
             action = ACTIONS[action] if 0 <= action < len(ACTIONS) else None
-        name = parse_action(action) if action is not None else None
-        self.turn += 1
-        terminated, reward = False, 0.0
-        if name is None:
-            self.feedback = INVALID_ACTION
-        elif name == "stop":
-            terminated = True
-            reward = 1.0 if self.agent == self.target else 0.0
-            self.feedback = "Stopped on the goal." if reward else "Stopped away from the goal."
-        else:
-            dr, dc = DELTAS[MOVES.index(name)]
-            nxt = (self.agent[0] + dr, self.agent[1] + dc)
-            if self.maze[nxt] == 1:  # the outer ring is wall, so nxt never leaves the grid
-                self.feedback = WALL_HIT
-            else:
-                self.agent = nxt
-                self.feedback = f"Moved {name}."
-        truncated = not terminated and self.turn >= self.max_turns
-        return self._observation(), reward, terminated, truncated, self._info(valid=name is not None)
+        return parse_action(action) if action is not None else None
+
+    def act(self, name: str) -> str:
+        dr, dc = DELTAS[MOVES.index(name)]
+        nxt = (self.agent[0] + dr, self.agent[1] + dc)
+        if self.maze[nxt] == 1:  # the outer ring is wall, so nxt never leaves the grid
+            return WALL_HIT
+        self.agent = nxt
+        return f"Moved {name}."
+
+    def at_goal(self) -> bool:
+        return self.agent == self.target
+
+    def started(self) -> bool:
+        return self.maze is not None
 
     def render(self):
         if self.render_mode == "ansi":
@@ -102,10 +98,10 @@ class MazeEnv(gym.Env):
         self.target = tuple(int(v) for v in state["target"])
         self.turn = int(state.get("turn", 0))
 
-    def _observation(self):
+    def observation(self):
         return draw_agent(self._background, self.agent, self.cell_px)
 
-    def _info(self, valid: bool) -> dict:
+    def info(self, valid: bool) -> dict:
         return {"agent": self.agent, "target": self.target,
                 "distance": abs(self.agent[0] - self.target[0]) + abs(self.agent[1] - self.target[1]),
                 "feedback": self.feedback, "valid_action": valid, "turn": self.turn}

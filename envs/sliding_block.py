@@ -15,9 +15,10 @@ from __future__ import annotations
 import re
 from collections import deque
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from envs.base import StopToWinEnv
 
 ROWS, COLS = 5, 4
 SIZES = {1: (2, 2), 2: (1, 2), 3: (2, 1), 4: (2, 1), 5: (2, 1), 6: (2, 1), 7: (1, 1), 8: (1, 1), 9: (1, 1), 10: (1, 1)}
@@ -110,8 +111,10 @@ def shuffled_target(rng: np.random.Generator, moves: int) -> Positions:
             return positions
 
 
-class SlidingBlockEnv(gym.Env):
+class SlidingBlockEnv(StopToWinEnv):
     metadata = {"render_modes": ["rgb_array"]}
+    invalid_feedback = INVALID_ACTION
+    stopped_feedback = ("Stopped on the target layout.", "Stopped away from the target layout.")
 
     def __init__(self, shuffle_moves: int = 4, cell_px: int = 16, max_turns: int = 12):
         if shuffle_moves < 1 or cell_px < 8 or max_turns < 1:
@@ -129,30 +132,28 @@ class SlidingBlockEnv(gym.Env):
         else:
             self.target, self.positions = shuffled_target(self.np_random, self.shuffle_moves), dict(SOLVED)
         self.turn, self.feedback = 0, ""
-        return self.render(), self._info(valid=True)
+        return self.observation(), self.info(valid=True)
 
-    def step(self, answer):
-        if self.positions is None:
-            raise RuntimeError("call reset() before step()")
-        action = parse_move(answer)
-        self.turn += 1
-        terminated, reward = False, 0.0
-        if action is None:
-            self.feedback = INVALID_ACTION
-        elif action == "stop":
-            terminated = True
-            reward = 1.0 if key(self.positions) == key(self.target) else 0.0
-            self.feedback = "Stopped on the target layout." if reward else "Stopped away from the target layout."
-        else:
-            block, direction = action
-            moved = slide(self.positions, block, direction)
-            if moved is None:
-                self.feedback = f"Block {block} cannot move {DIRECTIONS[direction]}."
-            else:
-                self.positions = moved
-                self.feedback = f"Moved block {block} {DIRECTIONS[direction]}."
-        truncated = not terminated and self.turn >= self.max_turns
-        return self.render(), reward, terminated, truncated, self._info(valid=action is not None)
+    # ---- the turn rules (envs.base.StopToWinEnv.step) ---------------------------------------
+    def parse(self, answer):
+        return parse_move(answer)
+
+    def act(self, action: tuple[int, int]) -> str:
+        block, direction = action
+        moved = slide(self.positions, block, direction)
+        if moved is None:
+            return f"Block {block} cannot move {DIRECTIONS[direction]}."
+        self.positions = moved
+        return f"Moved block {block} {DIRECTIONS[direction]}."
+
+    def at_goal(self) -> bool:
+        return key(self.positions) == key(self.target)
+
+    def started(self) -> bool:
+        return self.positions is not None
+
+    def observation(self):
+        return self.render()
 
     def render(self):
         cell = self.cell_px
@@ -171,7 +172,7 @@ class SlidingBlockEnv(gym.Env):
         return {"target": {str(b): list(p) for b, p in self.target.items()},
                 "current": {str(b): list(p) for b, p in self.positions.items()}}
 
-    def _info(self, valid: bool) -> dict:
+    def info(self, valid: bool) -> dict:
         return {"positions": key(self.positions), "feedback": self.feedback, "valid_action": valid,
                 "turn": self.turn, "solved": key(self.positions) == key(self.target)}
 
