@@ -255,5 +255,16 @@ def app(args: dict | None = None):
     s = ServeSettings.from_args(args or {})
     if s.backend == "vllm":
         return build_vllm_app(s)
-    return MultiLoraServer.options(ray_actor_options={"num_cpus": s.num_cpus, "num_gpus": s.num_gpus},
+    return MultiLoraServer.options(ray_actor_options={"num_cpus": s.num_cpus, "num_gpus": replica_gpus(s)},
                                    **_deployment_options(s)).bind(asdict(s))
+
+
+def replica_gpus(s: ServeSettings) -> float:
+    """GPUs each hf replica asks Ray for: `num_gpus` when set; else one where the replica must run on a
+    GPU (device=cuda, or device=auto on a cluster that has GPUs): Ray hides every GPU from an actor
+    that asks for none, so the replica would fall back to the CPU."""
+    if s.num_gpus or s.device == "cpu":
+        return s.num_gpus
+    import ray
+    has_gpus = ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+    return 1.0 if s.device == "cuda" or has_gpus else 0.0

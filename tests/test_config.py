@@ -156,3 +156,13 @@ def test_serve_arguments_are_typed_and_typos_named():
         ServeSettings.from_args({"max_loras": "two"})
     with pytest.raises(ValueError, match="backend' must be hf or vllm"):
         ServeSettings.from_args({"backend": "tgi"})
+
+
+def test_an_hf_replica_asks_for_a_gpu_where_it_must_run_on_one():
+    """Ray hides every GPU from an actor that asks for none: device=cuda (or auto on a cluster with
+    GPUs) gives each hf replica one GPU unless num_gpus says otherwise; the CPU asks for none."""
+    from serve_app import app
+    options = {d: app({"device": d})._bound_deployment.ray_actor_options for d in ("cpu", "cuda", "auto")}
+    assert options["cpu"]["num_gpus"] == 0 and options["cuda"]["num_gpus"] == 1
+    assert options["auto"]["num_gpus"] == 0  # no Ray cluster with GPUs here
+    assert app({"device": "cuda", "num_gpus": "0.5"})._bound_deployment.ray_actor_options["num_gpus"] == 0.5
