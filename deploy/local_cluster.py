@@ -40,11 +40,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# run as a script from a checkout (python deploy/local_cluster.py), the project's packages sit beside it
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from placement.runtime_env import FORWARDED_ENV  # noqa: E402
 
-DEFAULT_DIR = ROOT / "runs" / "cluster"
+DEFAULT_DIR = Path("runs") / "cluster"  # under the folder it is run from
 DEVICE_RESOURCE = "visrl_device"
 # The head's GCS declares a silent node dead after 5 missed checks a second apart (~5 s), not Ray's
 # default 5 x 3 s (~15 s): node-loss runs on one machine spend less time waiting. A check may take 2 s

@@ -18,7 +18,7 @@ LAYERS = [
     {"settings"},
     {"actors"},
     {"placement", "serving"},
-    {"sft"},
+    {"sft", "deploy"},
     {"driver", "serve_app"},
 ]
 LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
@@ -53,7 +53,7 @@ def test_every_import_runs_downward():
 def test_every_python_folder_is_a_listed_package():
     listed = {line.strip().rstrip("*") for line in (ROOT / "setup.cfg").read_text().splitlines()
               if line.startswith("    ") and line.strip().endswith("*")}
-    folders = {p.parent.name for p in ROOT.glob("*/*.py")} - {"tests", "bench", "deploy"}  # tools, not shipped
+    folders = {p.parent.name for p in ROOT.glob("*/*.py")} - {"tests", "bench"}  # tools, not shipped
     assert folders <= set(LAYER_OF) and folders <= listed, (folders - set(LAYER_OF), folders - listed)
     assert all((ROOT / f / "__init__.py").is_file() for f in folders)
 
@@ -75,6 +75,9 @@ def test_the_wheel_ships_every_package_and_runs_from_anywhere(tmp_path):
     for f in ("config.json", "model.safetensors", "tokenizer.json", "processor_config.json"):
         assert f"assets/maze-vl-base/{f}" in names, f
     assert {"configs/default.yaml", "configs/hyperpod_qwen3vl_8b.yaml", "configs/serve.yaml"} <= names
+    operator_files = {str(p.relative_to(ROOT)) for p in (ROOT / "deploy").rglob("*")
+                      if p.is_file() and p.suffix in (".yaml", ".yml", ".json", ".gpu", ".cpu", ".sh")}
+    assert operator_files and operator_files <= names, operator_files - names  # manifests, rules, dashboards
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = ("import driver, serve_app, actors.local, placement.fleet, serving.adapters, sft.embedded_base, telemetry.curve\n"
@@ -89,6 +92,9 @@ def test_the_wheel_ships_every_package_and_runs_from_anywhere(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     driver_file, model_dir = run.stdout.split()[-2:]
     assert driver_file.startswith(str(site)) and model_dir.startswith(str(site))
+    cluster = subprocess.run([sys.executable, "-m", "deploy.local_cluster", "--help"], cwd=away, capture_output=True,
+                             text=True, timeout=120, env=env)
+    assert cluster.returncode == 0 and "add-worker" in cluster.stdout, cluster.stderr[-2000:]
 
 
 def test_rl_and_actors_know_no_task():
