@@ -19,10 +19,13 @@ class MLflowTracker:
         import mlflow
         self.mlflow = mlflow
         uri = os.environ.get("MLFLOW_TRACKING_URI")
-        if not uri:  # a store in the run folder: MLflow keeps its file store for those who ask for it
+        own_store = not uri
+        if own_store:  # a store in the run folder: MLflow keeps its file store for those who ask for it
             uri = (run_dir / "mlruns").resolve().as_uri()
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         mlflow.set_tracking_uri(uri)
+        if own_store:  # set_tracking_uri also exports it: later runs and child processes would log here
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
         mlflow.set_experiment(project)
         self.run = mlflow.start_run(run_name=run_name)
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})

@@ -27,9 +27,14 @@ def log_steps(run: Path, logger: str) -> None:
     log.close(write_curve(run))
 
 
-def test_mlflow_gets_the_config_every_step_and_the_curve(tmp_path):
+def test_mlflow_gets_the_config_every_step_and_the_curve(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     log_steps(tmp_path, "mlflow")
+    # the run folder's store stays this run's: not exported to later runs or child processes
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    log_steps(tmp_path / "second", "mlflow")
+    assert (tmp_path / "second" / "mlruns").is_dir()
     client = MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
     [run] = client.search_runs([client.get_experiment_by_name("visrl-test").experiment_id])
     assert run.info.run_name == "probe" and run.data.params["trainer.epochs"] == "1"
