@@ -25,7 +25,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rl.inputs import InputError
@@ -250,9 +250,8 @@ def train(cfg, chaos=None) -> int:
     if restore_s is not None:
         print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {state.step} "
               f"(adapter v{state.version}) in {restore_s:.1f}s", flush=True)
-    import yaml
     log = RunLog(str(run.dir), keep_through_step=state.step if restore_s is not None else -1, logger=t.logger,
-                 project=t.project_name, run_name=t.run_name, config=yaml.safe_load(run.config_yaml))
+                 project=t.project_name, run_name=t.run_name, config=asdict(cfg))
     pending = {"ckpt/restore_s": restore_s} if restore_s is not None else {}
     if state.step >= run.total_steps:
         print(f"the run in {run.dir} is complete ({state.step}/{run.total_steps} steps); start another with "

@@ -167,7 +167,8 @@ def settle_nodes(node_ids, timeout_s: float = 60.0) -> set:
     probes = {probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(): n
               for n in set(node_ids)}
     ray.wait(list(probes), num_returns=len(probes), timeout=timeout_s)
-    return {n for n in probes.values() if any(not x["Alive"] and x["NodeID"] == n for x in ray.nodes())}
+    dead = {x["NodeID"] for x in ray.nodes() if not x["Alive"]}
+    return set(probes.values()) & dead
 
 
 def teardown(actors: ActorSet) -> None:

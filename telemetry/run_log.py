@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 
 from storage.atomic import write_atomic
+from telemetry.prometheus import PrometheusExporter
+from telemetry.trackers import open_tracker
 
 
 class RunLog:
@@ -20,8 +22,6 @@ class RunLog:
                  project: str = "visrl", run_name: str = "default", config: dict | None = None):
         """keep_through_step: the step a resumed run restarts after (-1: a fresh run, keep nothing);
         logger: tensorboard | console | mlflow | wandb (trainer.logger; telemetry/trackers.py)."""
-        from telemetry.prometheus import PrometheusExporter
-        from telemetry.trackers import open_tracker
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
