@@ -19,7 +19,7 @@ import numpy as np
 from envs.expert import shortest_path
 from envs.generate import DELTAS
 from envs.maze import SIZES, MazeEnv
-from envs.rows import write_splits
+from envs.rows import seed_splits, write_splits
 
 
 def shortest_route(env_id: str) -> int:
@@ -89,22 +89,16 @@ def write_dataset(out_dir, env_id: str, train_size: int, eval_size: int, train_s
                   eval_seed_start: int, max_turns: int, solvable_only: bool, validation_size: int = 0,
                   validation_seed_start: int = 0, long_route_share: float | None = None,
                   junction_start_share: float = 0.0) -> dict:
-    if eval_seed_start < train_seed_start:
-        raise ValueError("eval_seed_start must be above train_seed_start (disjoint ranges)")
+    def make(split: str, start: int, count: int, seed_limit: int | None):
+        if split != "train":  # the eval and validation sets keep the env's own mix and corners
+            return make_rows(env_id, start, count, max_turns, solvable_only, seed_limit)
+        rows, scanned = make_rows(env_id, start, count, max_turns, solvable_only, seed_limit, long_route_share)
+        return (start_at_junctions(rows, junction_start_share, start) if junction_start_share else rows), scanned
+
     out = Path(out_dir)
+    splits = seed_splits(make, train_size, eval_size, train_seed_start, eval_seed_start, validation_size,
+                         validation_seed_start)
     out.mkdir(parents=True, exist_ok=True)
-    train, train_scanned = make_rows(env_id, train_seed_start, train_size, max_turns, solvable_only,
-                                     seed_limit=eval_seed_start, long_route_share=long_route_share)
-    if junction_start_share:
-        train = start_at_junctions(train, junction_start_share, train_seed_start)
-    evals, eval_scanned = make_rows(env_id, eval_seed_start, eval_size, max_turns, solvable_only)
-    splits = [("train", train, train_seed_start, train_scanned), ("eval", evals, eval_seed_start, eval_scanned)]
-    if validation_size:
-        if validation_seed_start < eval_seed_start + eval_scanned:
-            raise ValueError(f"validation_seed_start ({validation_seed_start}) must be above the eval seeds "
-                             f"[{eval_seed_start}, {eval_seed_start + eval_scanned}) (disjoint ranges)")
-        validation, scanned = make_rows(env_id, validation_seed_start, validation_size, max_turns, solvable_only)
-        splits.append(("validation", validation, validation_seed_start, scanned))
     manifest = {"env_id": env_id, "max_turns": max_turns,
                 "filter": {"solvable_only": solvable_only,
                            "rule": "BFS optimal moves + 1 stop <= max_turns" if solvable_only else None,

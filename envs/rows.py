@@ -34,6 +34,25 @@ def load_rows(path) -> list[dict]:
     return rows
 
 
+def seed_splits(make, train_size: int, eval_size: int, train_seed_start: int, eval_seed_start: int,
+                validation_size: int = 0, validation_seed_start: int = 0) -> list[tuple[str, list[dict], int, int]]:
+    """Train, eval and (with validation_size) validation rows from disjoint seed ranges, as
+    [(name, rows, first seed, seeds scanned)]; `make(split, first seed, count, seed limit)` returns
+    (rows, seeds scanned) for one split."""
+    if eval_seed_start < train_seed_start:
+        raise ValueError("eval_seed_start must be above train_seed_start (disjoint ranges)")
+    train, train_scanned = make("train", train_seed_start, train_size, eval_seed_start)
+    evals, eval_scanned = make("eval", eval_seed_start, eval_size, None)
+    splits = [("train", train, train_seed_start, train_scanned), ("eval", evals, eval_seed_start, eval_scanned)]
+    if validation_size:
+        if validation_seed_start < eval_seed_start + eval_scanned:
+            raise ValueError(f"validation_seed_start ({validation_seed_start}) must be above the eval seeds "
+                             f"[{eval_seed_start}, {eval_seed_start + eval_scanned}) (disjoint ranges)")
+        validation, scanned = make("validation", validation_seed_start, validation_size, None)
+        splits.append(("validation", validation, validation_seed_start, scanned))
+    return splits
+
+
 def write_splits(out: Path, manifest: dict, splits: list[tuple[str, list[dict], int, int]]) -> dict:
     """Write each split [(name, rows, first seed, seeds scanned)] to <name>.jsonl, then manifest.json
     (`manifest` with each split's rows, seed range, checksum and optimal-move histogram added).

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from envs.base import Environment
-from envs.rows import write_splits
+from envs.rows import seed_splits, write_splits
 from envs.sliding_block import COLS, ROWS, SOLVED, SlidingBlockEnv, shortest_moves, shuffled_target
 
 SHUFFLES = {"sliding_block/easy": 3, "sliding_block/hard": 8}
@@ -61,18 +61,12 @@ class SlidingBlockTask(Environment):
         return info["positions"]
 
     def write_dataset(self, folder: Path, data, max_turns: int) -> dict:
-        if data.eval_seed_start < data.train_seed_start:
-            raise ValueError("eval_seed_start must be above train_seed_start (disjoint ranges)")
+        def make(split: str, start: int, count: int, seed_limit: int | None):
+            return make_rows(self.name, start, count, max_turns, data.solvable_only, seed_limit)
+
+        splits = seed_splits(make, data.train_size, data.eval_size, data.train_seed_start, data.eval_seed_start,
+                             data.validation_size, data.validation_seed_start)
         folder.mkdir(parents=True, exist_ok=True)
-        train, train_scanned = make_rows(self.name, data.train_seed_start, data.train_size, max_turns,
-                                         data.solvable_only, seed_limit=data.eval_seed_start)
-        evals, eval_scanned = make_rows(self.name, data.eval_seed_start, data.eval_size, max_turns, data.solvable_only)
-        splits = [("train", train, data.train_seed_start, train_scanned),
-                  ("eval", evals, data.eval_seed_start, eval_scanned)]
-        if data.validation_size:
-            validation, scanned = make_rows(self.name, data.validation_seed_start, data.validation_size, max_turns,
-                                            data.solvable_only)
-            splits.append(("validation", validation, data.validation_seed_start, scanned))
         manifest = {"env_id": self.name, "max_turns": max_turns,
                     "filter": {"solvable_only": data.solvable_only,
                                "rule": "BFS optimal moves + 1 stop <= max_turns" if data.solvable_only else None},

@@ -83,3 +83,13 @@ def test_through_the_env_pool_and_the_registry(tmp_path):
     assert starts[0]["state_key"] == starts[1]["state_key"]  # both start from the solved layout
     out = pool.step(["a", "b"], ["<action>9 down</action>", "<action>1 up</action>"])
     assert out[0]["state_key"] != out[1]["state_key"] and out[1]["state_key"] == starts[1]["state_key"]
+
+
+def test_its_splits_use_disjoint_seed_ranges(tmp_path):
+    """The same seed-range rules as the maze's sets (envs.rows.seed_splits): a validation range that
+    overlaps the eval seeds is refused."""
+    from settings import load_config
+    cfg = load_config(None, ["environment.env_class=sliding_block/easy", "data.train_size=16", "data.eval_size=4",
+                             "data.validation_size=4", "data.validation_seed_start=1000001"])
+    with pytest.raises(ValueError, match="must be above the eval seeds"):
+        get_environment("sliding_block/easy").write_dataset(tmp_path, cfg.data, 10)
