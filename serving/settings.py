@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from settings.load import typed_settings
+
 
 @dataclass
 class ServeSettings:
@@ -31,7 +33,6 @@ class ServeSettings:
 
     @classmethod
     def from_args(cls, args: dict) -> "ServeSettings":
-        from settings.load import typed_settings
         s = typed_settings(cls, args, "serve argument")
         if s.backend not in ("hf", "vllm"):
             raise ValueError(f"serve argument 'backend' must be hf or vllm, got '{s.backend}'")
