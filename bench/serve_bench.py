@@ -8,7 +8,9 @@ weights, rank 16, the language layers: the shape a training run exports), puts t
 server, and measures over real HTTP with maze pictures: p50/p95 latency for the base and a warm
 adapter, the cold load of an adapter from S3, and throughput with 32 concurrent clients spread
 over 4 adapters (with the error count). With --backends hf vllm, the same for the hf server and
-for ray.serve.llm on vLLM, one after the other in one Ray cluster.
+for ray.serve.llm on vLLM, one after the other in one Ray cluster. With --trained FOLDER, that
+adapter goes to the S3 server too and each app plays --mazes eval mazes greedily through the openai
+client, with the base and with the adapter: solved counts, and how many move sequences the apps share.
 """
 import argparse
 import statistics
@@ -53,6 +55,8 @@ def main():
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--backends", nargs="+", default=["hf"], choices=["hf", "vllm"],
                     help="vllm: ray.serve.llm (run with .venv-vllm/bin/python)")
+    ap.add_argument("--trained", help="a trained adapter folder (a run's exports/global_step_N/policy)")
+    ap.add_argument("--mazes", type=int, default=16, help="eval mazes each app plays with --trained")
     args = ap.parse_args()
     for k, v in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"), ("AWS_DEFAULT_REGION", "us-east-1"),
                  ("RAY_AUTH_MODE", "disabled")):
@@ -60,12 +64,15 @@ def main():
     base = str(ROOT / "assets" / "maze-vl-base")
     tmp = Path(tempfile.mkdtemp(prefix="visrl-serve-bench-"))
     names = make_adapters(base, tmp / "adapters", args.adapters)
+    folders = {name: tmp / "adapters" / name for name in names}
+    if args.trained:
+        folders["trained"] = Path(args.trained)
     s3 = S3Server()
     client = s3.client()
     client.create_bucket(Bucket="adapters")
-    for name in names:
+    for name, folder in folders.items():
         for f in ("adapter_config.json", "adapter_model.safetensors"):
-            client.upload_file(str(tmp / "adapters" / name / f), "adapters", f"bench/{name}/{f}")
+            client.upload_file(str(folder / f), "adapters", f"bench/{name}/{f}")
     env = MazeEnv(cell_px=16)
     image, _ = env.reset(seed=7)
     url = data_url(image)
@@ -81,12 +88,22 @@ def main():
                 "max_loras": str(args.adapters), "max_lora_rank": "16", "num_cpus": "2"}
     gpu = {"num_gpus": "1"} if ray.cluster_resources().get("GPU") else {}  # the hf server's replica on the GPU
     base_id = "maze-vl-base"
-    rows = {}
+    rows, episodes = {}, {}
     for backend in args.backends:  # one app at a time, the other idle: they share the cores
         serve.run(app({**settings, "backend": backend, **({"cache_dir": str(tmp / "cache"), **gpu} if backend == "hf" else {})}),
                   name=backend, route_prefix=f"/{backend}")
         rows[backend] = measure(f"http://127.0.0.1:{args.port}/{backend}", base_id, names, body, args)
+        if args.trained:
+            episodes[backend] = play_mazes(f"http://127.0.0.1:{args.port}/{backend}/v1", base_id, tmp, args.mazes)
+            rows[backend] |= {f"{who}: eval mazes solved (of {args.mazes}, openai client, greedy)":
+                              str(sum(e["solved"] for e in eps)) for who, eps in episodes[backend].items()}
         serve.delete(backend)
+    if len(episodes) == 2:
+        a, b = episodes.values()
+        for who in a:
+            same = str(sum(x["answers"] == y["answers"] for x, y in zip(a[who], b[who])))
+            for backend in args.backends:
+                rows[backend][f"{who}: move sequences identical across the apps"] = same
     print("| measure | " + " | ".join(args.backends) + " |")
     print("|---" * (len(args.backends) + 1) + "|")
     for key in rows[args.backends[0]]:
@@ -94,6 +111,19 @@ def main():
     serve.shutdown()
     ray.shutdown()
     s3.stop()
+
+
+def play_mazes(base_url: str, base_id: str, tmp: Path, n: int) -> dict:
+    """Greedy episodes on the first n eval mazes of the default config, base and trained adapter."""
+    from rl.inputs import load_datasets
+    from serving.maze_client import openai_chat, play
+    from settings import load_config
+    cfg = load_config(None, [f"data.dataset_dir={tmp / 'data'}"])
+    g, chat = cfg.generator, openai_chat(base_url)
+    eval_rows = load_datasets(cfg)[1][:n]
+    return {who: [play(chat, model, r, cfg.environment.cell_px, g.max_turns, g.context_window_turns,
+                       g.context_pictures, g.eval_sampling_params.max_generate_length) for r in eval_rows]
+            for who, model in (("base", base_id), ("trained adapter", f"{base_id}:trained"))}
 
 
 def measure(root: str, base_id: str, names: list[str], body, args) -> dict:
