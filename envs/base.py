@@ -40,6 +40,11 @@ class Environment:
         one group's episodes that start from equal keys are one step group)."""
         raise NotImplementedError
 
+    def make_rows(self, seed_start: int, count: int, max_turns: int, solvable_only: bool = True) -> list[dict]:
+        """`count` rows from seeds upwards of `seed_start`; with solvable_only, only instances the
+        expert finishes within max_turns."""
+        raise NotImplementedError
+
     def write_dataset(self, folder: Path, data, max_turns: int) -> dict:
         """Write train.jsonl, eval.jsonl (and validation.jsonl) and manifest.json for settings.DataConfig
         `data`; return the manifest."""
@@ -49,6 +54,14 @@ class Environment:
     def expert_turns(self, row: dict) -> int | None:
         """Turns the expert needs to solve the row (its last action included), or None."""
         return None
+
+    def expert_answer(self, env: gym.Env) -> str | None:
+        """The expert's next answer on a live env of make_env (the supervised recipe imitates it)."""
+        return None
+
+    def random_answer(self, env: gym.Env, rng) -> str:
+        """A random action's answer (`rng`: random.Random): the supervised recipe's exploration noise."""
+        raise NotImplementedError
 
     def env_ceiling(self, max_turns: int) -> float | None:
         """The expert's solve rate on unfiltered random instances within max_turns, or None."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from envs.base import Environment
-from envs.dataset import env_ceiling, init_state, shortest_route, write_dataset
+from envs.actions import MOVES
+from envs.dataset import env_ceiling, init_state, make_rows, shortest_route, write_dataset
+from envs.expert import expert_actions
 from envs.maze import MazeEnv
-from envs.prompt import INSTRUCTION
+from envs.prompt import INSTRUCTION, action_text
 
 ROW_KEYS = ("seed", "env_id", "maze", "start", "goal")
 
@@ -34,6 +36,9 @@ class MazeTask(Environment):
     def state_key(self, info: dict) -> tuple:
         return tuple(info["agent"])  # the group already fixes the maze: the agent's cell is the state
 
+    def make_rows(self, seed_start: int, count: int, max_turns: int, solvable_only: bool = True) -> list[dict]:
+        return make_rows(self.name, seed_start, count, max_turns, solvable_only)[0]
+
     def write_dataset(self, folder: Path, data, max_turns: int) -> dict:
         d = data
         return write_dataset(folder, self.name, d.train_size, d.eval_size, d.train_seed_start, d.eval_seed_start,
@@ -43,6 +48,12 @@ class MazeTask(Environment):
     def expert_turns(self, row: dict) -> int | None:
         moves = row.get("optimal_moves")
         return None if moves is None else moves + 1  # the BFS route and the stop
+
+    def expert_answer(self, env: MazeEnv) -> str:
+        return action_text(expert_actions(env.maze, env.agent, env.target)[0])
+
+    def random_answer(self, env: MazeEnv, rng) -> str:
+        return action_text(rng.choice(MOVES))
 
     def env_ceiling(self, max_turns: int) -> float:
         return env_ceiling(self.name, max_turns)

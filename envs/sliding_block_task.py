@@ -10,13 +10,18 @@ import numpy as np
 
 from envs.base import Environment
 from envs.rows import seed_splits, write_splits
-from envs.sliding_block import COLS, ROWS, SOLVED, SlidingBlockEnv, shortest_moves, shuffled_target
+from envs.sliding_block import (COLS, DIRECTIONS, ROWS, SOLVED, SlidingBlockEnv, legal_moves, shortest_moves,
+                                shuffled_target)
 
 SHUFFLES = {"sliding_block/easy": 3, "sliding_block/hard": 8}
 
 INSTRUCTION = ("Two boards: the target on the left, yours on the right. Slide one block a turn into empty cells "
                "until yours matches the target: <action>BLOCK DIRECTION</action>, e.g. <action>7 up</action>. "
                "When they match: <action>stop</action>.")
+
+
+def move_text(block: int, direction: int) -> str:
+    return f"<action>{block} {DIRECTIONS[direction]}</action>"
 
 
 def make_rows(env_id: str, seed_start: int, count: int, max_turns: int, solvable_only: bool,
@@ -60,6 +65,9 @@ class SlidingBlockTask(Environment):
     def state_key(self, info: dict) -> tuple:
         return info["positions"]
 
+    def make_rows(self, seed_start: int, count: int, max_turns: int, solvable_only: bool = True) -> list[dict]:
+        return make_rows(self.name, seed_start, count, max_turns, solvable_only)[0]
+
     def write_dataset(self, folder: Path, data, max_turns: int) -> dict:
         def make(split: str, start: int, count: int, seed_limit: int | None):
             return make_rows(self.name, start, count, max_turns, data.solvable_only, seed_limit)
@@ -75,6 +83,13 @@ class SlidingBlockTask(Environment):
 
     def expert_turns(self, row: dict) -> int:
         return row["optimal_moves"] + 1
+
+    def expert_answer(self, env: SlidingBlockEnv) -> str:
+        moves = shortest_moves(env.positions, env.target)
+        return move_text(*moves[0]) if moves else "<action>stop</action>"
+
+    def random_answer(self, env: SlidingBlockEnv, rng) -> str:
+        return move_text(*rng.choice(legal_moves(env.positions)))
 
     @functools.lru_cache(maxsize=8)
     def env_ceiling(self, max_turns: int) -> float:

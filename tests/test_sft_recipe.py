@@ -1,0 +1,44 @@
+"""The embedded base's supervised recipe works through the environment interface: each task's
+expert episodes become training sequences in the exact rollout format, the expert's answers are
+the only targets (exploration noise is executed, never taught), and an episode ends with `stop`
+on the goal."""
+import random
+
+import pytest
+
+from envs.registry import get_environment
+from rl.inputs import make_prompter
+from settings import load_config
+from sft.embedded_base import expert_turns
+from vlm.load import load_processor
+
+
+@pytest.mark.parametrize("config, env_id", [(None, "maze_2d/easy"), ("configs/sliding_block.yaml", "sliding_block/easy")])
+def test_expert_episodes_teach_only_the_experts_answers(config, env_id):
+    embedded_processor = load_processor("assets/maze-vl-base")
+    cfg = load_config(config, [])
+    task = get_environment(env_id)
+    assert cfg.environment.env_class == env_id
+    prompter = make_prompter(embedded_processor, cfg)
+    tok = embedded_processor.tokenizer
+    for seed in range(6):
+        env = task.make_env(cfg.environment.cell_px, cfg.generator.max_turns)
+        env.reset(seed=seed)
+        shadow = task.make_env(cfg.environment.cell_px, cfg.generator.max_turns)  # replays what was executed
+        shadow.reset(seed=seed)
+        seqs = expert_turns(task, env, prompter, tok, 2, 1, random.Random(seed), eps=0.0)
+        answers = [tok.decode([t for t, m in zip(s.input_ids, s.loss_mask) if m], skip_special_tokens=True)
+                   for s in seqs]
+        for answer in answers[:-1]:
+            assert answer == task.expert_answer(shadow) and shadow.parse(answer) not in (None, "stop")
+            shadow.step(answer)
+        assert shadow.parse(answers[-1]) == "stop" and shadow.at_goal()  # stopped on the goal, no noise
+        assert all(len(s.images) == 1 for s in seqs)  # one picture a turn (context_pictures=1)
+
+    # with noise, the executed random moves show in later prompts but are never a target
+    env = task.make_env(cfg.environment.cell_px, cfg.generator.max_turns)
+    env.reset(seed=0)
+    noisy = expert_turns(task, env, prompter, tok, 2, 1, random.Random(0), eps=1.0)
+    taught = {tok.decode([t for t, m in zip(s.input_ids, s.loss_mask) if m], skip_special_tokens=True) for s in noisy}
+    assert all(env.parse(a) is not None for a in taught)
+    assert len(noisy) >= 2 and sum(s.loss_mask[-1] for s in noisy) == len(noisy)
