@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from envs.base import Environment
 from envs.actions import MOVES
+from envs.base import Environment
 from envs.dataset import env_ceiling, init_state, make_rows, shortest_route, write_dataset
 from envs.expert import expert_actions
 from envs.maze import MazeEnv

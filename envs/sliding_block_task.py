@@ -10,8 +10,7 @@ import numpy as np
 
 from envs.base import Environment
 from envs.rows import seed_splits, write_splits
-from envs.sliding_block import (COLS, DIRECTIONS, ROWS, SOLVED, SlidingBlockEnv, legal_moves, shortest_moves,
-                                shuffled_target)
+from envs.sliding_block import COLS, DIRECTIONS, ROWS, SOLVED, SlidingBlockEnv, legal_moves, shortest_moves, shuffled_target
 
 SHUFFLES = {"sliding_block/easy": 3, "sliding_block/hard": 8}
 

@@ -1,4 +1,4 @@
-"""Build the embedded base model: random init, then supervised stages A, A2 and B, stopped short.
+"""Build the embedded base model: random init, then supervised stages A, A2, B and C, stopped short.
 
     python -m sft.embedded_base --out assets/maze-vl-base [--seed 0]
 
@@ -8,11 +8,16 @@ from that cell (dense labels: 49 supervised cells a picture instead of one decis
 (400 steps) keeps that and adds a second probe for which cell holds the disc: the agent's own
 cell then stands out among the image tokens, and the language layers learn to read its move in
 tens of steps instead of hundreds. Stage B is SFT of the whole model on BFS-expert episodes in
-the exact chat format rollouts use (the same ChatPrompter, context window and answer format); 20%
+the exact chat format rollouts use (the same prompter, context window and answer format); 20%
 of the executed moves are random and left out of the loss, so recovery states are seen. Stage B
 stops at the first check (every 5 steps, every step once any maze is solved) whose greedy solve
 rate on 64 validation mazes (their own seeds, not the eval set) reaches --stop-at (45%), so the
-base lands between 30% and 55% on the eval set: RL has work to do.
+base lands between 30% and 55% on the eval set: RL has work to do. Stage C teaches a second
+task (--second-task, VisGym's sliding blocks) the same way, half of each batch its expert's
+episodes, the other half maze turns pulled towards the stage-B model's own answers (KL to a
+frozen copy: taught the new task alone, the maze fell from 45% to 0 in 10 steps), stopped once the
+second task's validation solve rate reaches --second-stop-at (40%). Every stage goes through the
+environment interface (envs.base: the expert's answer, a random answer, rows, the prompter).
 
 Without stage A, SFT alone left this shape far from solving mazes (docs/embedded-base.md has
 what each stage measured).
@@ -217,13 +222,15 @@ def agent_stage(model, processor, sources: list[Source], max_steps: int, batch: 
             "agent_answer_token_accuracy": float(np.mean(accs[-check_every:]))}
 
 
-def greedy_solve_rate(folder: str, overrides: list[str]) -> dict:
-    """The shipped model on the default eval set, through the same path as --eval-only."""
+def greedy_solve_rate(folder: str, overrides: list[str], config: str | None = None) -> dict:
+    """The shipped model on a config's eval set (the default's unless given), through the same path
+    as --eval-only."""
     from actors.local import evaluate_locally
     from rl.inputs import load_datasets
     from settings import load_config
-    cfg = load_config(None, list(overrides) + [f"trainer.policy.model.path={folder}", "trainer.run_dir=runs/sft-eval",
-                                               "data.dataset_dir=runs/sft-eval/data"])
+    run_dir = f"runs/sft-eval/{Path(config).stem if config else 'default'}"
+    cfg = load_config(config, list(overrides) + [f"trainer.policy.model.path={folder}", f"trainer.run_dir={run_dir}",
+                                                 f"data.dataset_dir={run_dir}/data"])
     return evaluate_locally(cfg, load_datasets(cfg)[1]).summary()
 
 
@@ -322,6 +329,8 @@ def main(argv=None):
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     report["eval"] = greedy_solve_rate(str(out), args.overrides)
+    if args.second_task:
+        report["stage_c"]["eval"] = greedy_solve_rate(str(out), [], args.second_task)
     (out / "sft_report.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
 
