@@ -97,6 +97,7 @@ def main():
             episodes[backend] = play_mazes(f"http://127.0.0.1:{args.port}/{backend}/v1", base_id, tmp, args.mazes)
             rows[backend] |= {f"{who}: eval mazes solved (of {args.mazes}, openai client, greedy)":
                               str(sum(e["solved"] for e in eps)) for who, eps in episodes[backend].items()}
+        print(f"{backend}: {rows[backend]}", flush=True)  # each app's figures as soon as it is measured
         serve.delete(backend)
     if len(episodes) == 2:
         a, b = episodes.values()
