@@ -27,6 +27,7 @@ import torch
 from storage import StorageError, open_store
 
 MARKER = "latest_ckpt_global_step.txt"
+INCOMPLETE = "incomplete"
 
 
 def step_dir(step: int) -> str:
@@ -119,6 +120,11 @@ class Checkpointer:
             notes.append(f"{step_dir(step)}: {problem}")
         return None, notes
 
+    def ever_committed(self) -> bool:
+        """Whether any save got as far as writing the commit marker (an empty or garbled one counts)."""
+        marker, problem = self._marker()
+        return marker is not None or problem is not None
+
     def verify(self, step: int) -> str | None:
         try:
             manifest = json.loads(self.store.get_bytes(f"{step_dir(step)}/manifest.json"))
@@ -126,7 +132,7 @@ class Checkpointer:
                 if _sha256(self.store.get_bytes(f"{step_dir(step)}/{rel}")) != digest:
                     return f"{rel} does not match its checksum"
         except (StorageError, ValueError, KeyError) as e:
-            return f"incomplete ({e})"
+            return f"{INCOMPLETE} ({e})"
         return None
 
     def load_trainer_state(self, step: int) -> dict:
@@ -159,12 +165,18 @@ class Checkpointer:
 
 def resume_step(checkpointer, where: str) -> int | None:
     """The step to resume from (`checkpointer`: a Checkpointer, or a handle that calls one), with a
-    warning for whatever was skipped; None when there is no checkpoint at all. Checkpoints that
-    exist but of which none verifies are an error, not a silent fresh start."""
+    warning for whatever was skipped; None when there is no checkpoint at all, or when the only ones
+    are a first save cut short (incomplete, and no save ever committed: a job stopped during its
+    first checkpoint is resubmitted as it was). Checkpoints that were committed or fail their
+    checksums, of which none verifies, are an error, not a silent fresh start."""
     step, notes = checkpointer.find_latest()
     for note in notes:
         print(f"WARNING: checkpoint {where}: skipped {note}", flush=True)
     if step is None and notes:
+        if all(f": {INCOMPLETE} (" in n for n in notes) and not checkpointer.ever_committed():
+            print(f"WARNING: checkpoint {where}: no save was ever committed (the first one was cut short); "
+                  "starting from step 0", flush=True)
+            return None
         raise CheckpointError(f"no checkpoint under {where} verifies ({'; '.join(notes)}); fix or remove them, "
                               f"or start over with trainer.resume_mode=none")
     return step

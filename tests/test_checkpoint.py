@@ -76,6 +76,20 @@ def test_corrupt_or_partial_checkpoints_are_skipped(tmp_path):
         ck.load_trainer_state(2)
 
 
+def test_a_first_save_cut_short_starts_over_but_a_committed_one_lost_is_an_error(tmp_path, capsys):
+    """A job killed during its first checkpoint leaves a partial folder and no marker: resubmitted,
+    it starts from step 0. Once a save was committed, nothing verifying is an error."""
+    ck = Checkpointer(str(tmp_path / "c"))
+    save(ck, 2, tmp_path)
+    (tmp_path / "c" / "global_step_2" / "trainer_state.json").unlink()  # cut short before the manifest...
+    (tmp_path / "c" / "global_step_2" / "manifest.json").unlink()
+    (tmp_path / "c" / MARKER).unlink()  # ...and the marker
+    assert resume_step(ck, "c") is None and "starting from step 0" in capsys.readouterr().out
+    (tmp_path / "c" / MARKER).write_text("2")  # the same folder, but a save was committed: data lost
+    with pytest.raises(CheckpointError, match="no checkpoint under .* verifies"):
+        resume_step(ck, "c")
+
+
 SAVER = """
 import sys, json, time, torch
 sys.path.insert(0, {root!r})
