@@ -117,13 +117,11 @@ def main():
 def play_mazes(base_url: str, base_id: str, tmp: Path, n: int) -> dict:
     """Greedy episodes on the first n eval mazes of the default config, base and trained adapter."""
     from rl.inputs import load_datasets
-    from serving.maze_client import openai_chat, play
+    from serving.maze_client import openai_chat, play_as_configured
     from settings import load_config
     cfg = load_config(None, [f"data.dataset_dir={tmp / 'data'}"])
-    g, chat = cfg.generator, openai_chat(base_url)
-    eval_rows = load_datasets(cfg)[1][:n]
-    return {who: [play(chat, model, r, cfg.environment.cell_px, g.max_turns, g.context_window_turns,
-                       g.context_pictures, g.eval_sampling_params.max_generate_length) for r in eval_rows]
+    chat, eval_rows = openai_chat(base_url), load_datasets(cfg)[1][:n]
+    return {who: [play_as_configured(chat, model, r, cfg) for r in eval_rows]
             for who, model in (("base", base_id), ("trained adapter", f"{base_id}:trained"))}
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main():
     from actors.local import evaluate_locally
     from rl.inputs import load_datasets
-    from serving.maze_client import openai_chat, play
+    from serving.maze_client import openai_chat, play_as_configured
     from settings import load_config
 
     ap = argparse.ArgumentParser()
@@ -24,11 +24,9 @@ def main():
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     cfg = load_config(None, args.overrides)
-    g = cfg.generator
     _, rows = load_datasets(cfg)
     chat = openai_chat(args.url)
-    served = [play(chat, args.model, r, cfg.environment.cell_px, g.max_turns, g.context_window_turns,
-                   g.context_pictures, g.eval_sampling_params.max_generate_length) for r in rows]
+    served = [play_as_configured(chat, args.model, r, cfg) for r in rows]
     rate = sum(r["solved"] for r in served) / len(served)
     print(f"through the API: solve rate {100 * rate:.1f}% ({sum(r['solved'] for r in served)}/{len(served)})")
     report = evaluate_locally(cfg, rows, args.adapter)

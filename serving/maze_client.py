@@ -55,6 +55,14 @@ def play(chat, model: str, row: dict, cell_px: int, max_turns: int, window: int,
     return {"seed": row["seed"], "solved": reward > 0, "answers": answers}
 
 
+def play_as_configured(chat, model: str, row: dict, cfg) -> dict:
+    """`play` with the run config's picture size, turns, context window and answer length (what the
+    eval harness uses), so a served episode can be compared with the harness's."""
+    g = cfg.generator
+    return play(chat, model, row, cfg.environment.cell_px, g.max_turns, g.context_window_turns, g.context_pictures,
+                g.eval_sampling_params.max_generate_length)
+
+
 def openai_chat(base_url: str):
     from openai import OpenAI
     client = OpenAI(base_url=base_url, api_key="unused")

@@ -311,7 +311,7 @@ def test_a_maze_played_through_the_api_makes_the_eval_harness_moves(server, tmp_
     from actors.local import evaluate_locally
     from rl.inputs import load_datasets
     from serve_app import app
-    from serving.maze_client import openai_chat, play
+    from serving.maze_client import openai_chat, play_as_configured
     from settings import load_config
     base = str(ROOT / "assets" / "maze-vl-base")
     serve.run(app({"base_model": base, "cache_dir": str(tmp_path / "cache")}), name="maze", route_prefix="/maze",
@@ -319,10 +319,8 @@ def test_a_maze_played_through_the_api_makes_the_eval_harness_moves(server, tmp_
     cfg = load_config(None, [f"trainer.run_dir={tmp_path}", f"data.dataset_dir={tmp_path}/data", "data.eval_size=6"])
     _, rows = load_datasets(cfg)
     harness = evaluate_locally(cfg, rows)
-    g = cfg.generator
     chat = openai_chat(f"{server}/maze/v1")
-    played = [play(chat, "maze-vl-base", row, cfg.environment.cell_px, g.max_turns, g.context_window_turns,
-                   g.context_pictures, g.eval_sampling_params.max_generate_length) for row in rows]
+    played = [play_as_configured(chat, "maze-vl-base", row, cfg) for row in rows]
     serve.delete("maze")
     assert [p["answers"] for p in played] == [m["answers"] for m in harness.per_row]
     assert [p["solved"] for p in played] == [m["solved"] for m in harness.per_row]

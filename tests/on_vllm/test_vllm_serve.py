@@ -2,7 +2,7 @@
 (moto), driven with the official openai client beside the hf server of the same settings."""
 import pytest
 
-from serving.maze_client import messages_for, openai_chat, play
+from serving.maze_client import messages_for, openai_chat, play_as_configured
 from settings import load_config
 from tests.conftest import make_adapter
 from tests.on_vllm.test_vllm_engine import BASE
@@ -83,10 +83,8 @@ def test_models_and_picture_completions_on_base_and_adapter(servers, cfg_and_row
 
 def test_greedy_maze_episodes_equal_the_hf_server(servers, cfg_and_rows):
     cfg, rows = cfg_and_rows
-    g = cfg.generator
     for model in (BASE_ID, f"{BASE_ID}:alpha"):
-        played = {name: [play(openai_chat(url), model, row, cfg.environment.cell_px, g.max_turns,
-                               g.context_window_turns, g.context_pictures) for row in rows]
+        played = {name: [play_as_configured(openai_chat(url), model, row, cfg) for row in rows]
                   for name, url in servers.items()}
         assert sum(len(p["answers"]) for p in played["hf"]) > 2 * len(rows)
         assert played["vllm"] == played["hf"], model
