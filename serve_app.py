@@ -215,15 +215,15 @@ def build_vllm_app(s: ServeSettings):
     machine without a GPU it runs vLLM's CPU build: a CPU placement bundle of `num_cpus`, the KV
     cache and threads set as the rollout engine sets them, fp32 as the hf server computes there.
     """
-    from ray.serve.llm import LLMConfig, build_openai_app
-
     from inference.vllm_backend import cpu_env, engine_kwargs
+    from serving.ray_llm import import_serve_llm
     from vlm.load import resolve_device
 
     if not str(s.dynamic_lora_loading_path).startswith(("s3://", "gs://")):
         raise ValueError(f"backend=vllm serves adapters through ray.serve.llm, which reads only s3:// or gs:// "
                          f"paths; dynamic_lora_loading_path={s.dynamic_lora_loading_path!r} is not one: upload "
                          "the adapters (e.g. trainer.export_path=s3://...) or use backend=hf")
+    LLMConfig, build_openai_app = import_serve_llm()
     on_cpu = resolve_device(s.device) == "cpu"
     base = s.base_model if "://" in s.base_model else str(Path(s.base_model).resolve())
     env = {"AWS_ENDPOINT_URL": s.s3_endpoint_url} if s.s3_endpoint_url else {}

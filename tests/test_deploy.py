@@ -108,7 +108,8 @@ def test_the_serve_app_takes_the_services_arguments():
     module, attr = app["import_path"].split(":")
     assert (ROOT / f"{module}.py").is_file() and f"def {attr}(" in (ROOT / f"{module}.py").read_text()
     settings = ServeSettings.from_args(app["args"])
-    assert settings.backend == "vllm" and settings.dynamic_lora_loading_path.startswith("s3://")
+    assert settings.backend == "hf" and settings.dynamic_lora_loading_path.startswith("s3://")
+    assert settings.device == "cuda" and settings.num_gpus == 1  # one GPU a replica
 
 
 @pytest.mark.skipif(not CRDS.is_dir(), reason=f"KubeRay's CRDs are not at {CRDS} (deploy/kuberay/fetch_crds.sh)")

@@ -324,3 +324,18 @@ def test_a_maze_played_through_the_api_makes_the_eval_harness_moves(server, tmp_
     serve.delete("maze")
     assert [p["answers"] for p in played] == [m["answers"] for m in harness.per_row]
     assert [p["solved"] for p in played] == [m["solved"] for m in harness.per_row]
+
+
+def test_a_vllm_too_old_for_ray_serve_llm_gets_a_message_naming_both_versions(monkeypatch):
+    """Ray's own message for it blames CUDA; the GPU machine's vLLM 0.26 met it (2026-12-04)."""
+    import sys
+
+    import serve_app
+    from serving import ray_llm
+    monkeypatch.setitem(sys.modules, "ray.serve.llm", None)  # the import fails, as Ray's serve code does there
+    monkeypatch.setattr(ray_llm, "installed_vllm", lambda: "vllm 0.26.0")
+    with pytest.raises(ImportError) as e:
+        serve_app.app({"backend": "vllm", "dynamic_lora_loading_path": "s3://adapters/"})
+    message = str(e.value)
+    assert "vllm 0.26.0" in message and ray_llm.ray_llm_vllm_pin() in message and "backend=hf" in message
+    assert ray_llm.ray_llm_vllm_pin().startswith("vllm") and "==" in ray_llm.ray_llm_vllm_pin()
