@@ -217,7 +217,7 @@ def train(cfg, chaos=None) -> int:
     from actors.checkpointer import Checkpointer, resume_step
     from placement.fleet import Fleet
     from placement.runtime_env import connect, run_namespace
-    from rl.inputs import check_model_path, check_prompt_fits, load_datasets, load_validation, make_prompter
+    from rl.inputs import check_model_path, check_prompt_fits, load_datasets, load_validation, make_prompters
     from rl.sampler import PromptSampler, repeat_long_routes
     from rl.state import RunState
     from telemetry.curve import plot_learning_curve, summary_line
@@ -227,8 +227,8 @@ def train(cfg, chaos=None) -> int:
 
     t = cfg.trainer
     check_model_path(t.policy.model.path)
-    prompter = make_prompter(load_processor(resolve_model_path(t.policy.model.path, cfg.s3, weights=False)), cfg)
-    check_prompt_fits(prompter, cfg)
+    prompters = make_prompters(load_processor(resolve_model_path(t.policy.model.path, cfg.s3, weights=False)), cfg)
+    check_prompt_fits(prompters, cfg)
     # which checkpoint to resume from, found before any actor starts (none that verifies: an error)
     resume_at = resume_step(Checkpointer(t.ckpt_path, cfg.s3), t.ckpt_path) if t.resume_mode == "latest" else None
     train_rows, eval_rows = load_datasets(cfg)
@@ -243,7 +243,7 @@ def train(cfg, chaos=None) -> int:
         print("note: trainer.strategy=fsdp runs FSDP2 (fully_shard), as fsdp2 does; FSDP1 is not supported", flush=True)
 
     connect(cfg)
-    fleet = Fleet(cfg, run.total_steps, run.dir, resolve_device(t.device), prompter, chaos)
+    fleet = Fleet(cfg, run.total_steps, run.dir, resolve_device(t.device), prompters, chaos)
     fleet.start()
     state = RunState(0, None, sampler)
     restore_s = fleet.restore(state, t.resume_mode, resume_at)

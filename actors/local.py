@@ -9,7 +9,7 @@ from actors.handles import EngineClient
 from actors.vllm_engine import VLLMEngine, engine_settings
 from inference.requests import AdapterRef
 from rl.evaluate import EvalReport, evaluate, evaluation_sampling
-from rl.inputs import make_prompter
+from rl.inputs import make_prompters
 from rl.rollout import RolloutRunner
 from storage import is_s3, open_store
 from vlm.load import compute_dtype, resolve_device, resolve_model_path
@@ -27,9 +27,9 @@ def local_runner(cfg, adapter: str | None = None) -> tuple[RolloutRunner, int]:
         if is_s3(adapter):
             folder = open_store(adapter, cfg.s3).download_dir("", tempfile.mkdtemp(prefix="visrl-adapter-"))
         version = engine.load_adapter(AdapterRef(folder, 1))
-    prompter = make_prompter(load_processor(resolve_model_path(t.policy.model.path, cfg.s3)), cfg)
+    prompters = make_prompters(load_processor(resolve_model_path(t.policy.model.path, cfg.s3)), cfg)
     env = EnvPool(cfg.environment.env_class, cfg.environment.cell_px, cfg.generator.max_turns)
-    return RolloutRunner.from_config(cfg, EngineClient([engine]).generate, prompter, env), version
+    return RolloutRunner.from_config(cfg, EngineClient([engine]).generate, prompters, env), version
 
 
 def evaluate_locally(cfg, eval_rows: list[dict], adapter: str | None = None) -> EvalReport:

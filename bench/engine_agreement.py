@@ -26,10 +26,9 @@ def play(backend, cfg, device, rows, adapters):
     from actors.env_pool import EnvPool
     from actors.handles import EngineClient
     from actors.vllm_engine import VLLMEngine, engine_settings
-    from envs.dataset import init_state
     from inference.requests import AdapterRef, Sampling
-    from rl.inputs import make_prompter
-    from rl.rollout import RolloutRunner, Task
+    from rl.inputs import make_prompters
+    from rl.rollout import RolloutRunner, task_of
     from vlm.load import compute_dtype
     from vlm.processor import load_processor
 
@@ -37,13 +36,13 @@ def play(backend, cfg, device, rows, adapters):
     path = cfg.trainer.policy.model.path
     engine = VLLMEngine(path, device=device, dtype=compute_dtype(device), **engine_settings(cfg))
     env = EnvPool(cfg.environment.env_class, cfg.environment.cell_px, cfg.generator.max_turns)
-    runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate, make_prompter(load_processor(path), cfg), env)
+    runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate, make_prompters(load_processor(path), cfg), env)
     greedy = Sampling(max_new_tokens=cfg.generator.eval_sampling_params.max_generate_length, temperature=0.0)
     out = {}
     for version, (label, folder) in enumerate([("base", None)] + adapters):
         if folder:
             engine.load_adapter(AdapterRef(folder, version))
-        tasks = [Task(f"e{i}", i, init_state(r), r["seed"]) for i, r in enumerate(rows)]
+        tasks = [task_of(r, f"e{i}", i) for i, r in enumerate(rows)]
         out[label] = runner.run(tasks, greedy, version)
     engine.sleep()  # the next engine gets the GPU
     return out

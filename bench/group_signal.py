@@ -22,10 +22,9 @@ def main():
     from actors.env_pool import EnvPool
     from actors.handles import EngineClient
     from actors.vllm_engine import VLLMEngine
-    from envs.dataset import init_state
     from inference.requests import Sampling
-    from rl.inputs import load_datasets, make_prompter
-    from rl.rollout import RolloutRunner, Task
+    from rl.inputs import load_datasets, make_prompters
+    from rl.rollout import RolloutRunner, task_of
     from settings import load_config
     from vlm.load import resolve_model_path
     from vlm.processor import load_processor
@@ -44,12 +43,12 @@ def main():
     path = cfg.trainer.policy.model.path
     env = EnvPool(cfg.environment.env_class, cfg.environment.cell_px, cfg.generator.max_turns)
     runner = RolloutRunner.from_config(cfg, EngineClient([VLLMEngine(path)]).generate,
-                                       make_prompter(load_processor(resolve_model_path(path)), cfg), env)
+                                       make_prompters(load_processor(resolve_model_path(path)), cfg), env)
     print("| temperature | sampled solve rate | mixed groups | all fail | all solve | invalid actions/episode | wall s |")
     print("|---|---|---|---|---|---|---|")
     for temperature in args.temperatures:
         start = time.perf_counter()
-        tasks = [Task(f"m{i}-{k}", i, init_state(row), row["seed"]) for i, row in enumerate(rows)
+        tasks = [task_of(row, f"m{i}-{k}", i) for i, row in enumerate(rows)
                  for k in range(args.samples)]
         episodes = runner.run(tasks, Sampling(max_new_tokens=cfg.generator.sampling_params.max_generate_length,
                                               temperature=temperature, seed=1), 0)

@@ -48,10 +48,9 @@ def main():
     from actors.env_pool import EnvPool
     from actors.handles import EngineClient
     from actors.vllm_engine import VLLMEngine, engine_settings
-    from envs.dataset import init_state
     from inference.requests import AdapterRef, Sampling
-    from rl.inputs import load_datasets, make_prompter
-    from rl.rollout import RolloutRunner, Task
+    from rl.inputs import load_datasets, make_prompters
+    from rl.rollout import RolloutRunner, task_of
     from settings import load_config
     from vlm.load import compute_dtype, resolve_model_path
     from vlm.processor import load_processor
@@ -71,7 +70,7 @@ def main():
     dtype = compute_dtype(args.device)
     adapter = (random_adapter(cfg, tempfile.mkdtemp(prefix="bench-adapter-"), dtype=getattr(torch, dtype))
                if args.adapter == "random" else args.adapter)
-    prompter = make_prompter(load_processor(resolve_model_path(cfg.trainer.policy.model.path)), cfg)
+    prompter = make_prompters(load_processor(resolve_model_path(cfg.trainer.policy.model.path)), cfg)
     env = EnvPool(cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)
     sampling = Sampling(max_new_tokens=g.sampling_params.max_generate_length, temperature=g.sampling_params.temperature,
                         seed=1)
@@ -86,7 +85,7 @@ def main():
             if folder:
                 engine.load_adapter(AdapterRef(folder, version))
             for k, n in enumerate([args.episodes[0]] + args.episodes):  # the first run warms up
-                tasks = [Task(f"b{i}", i, init_state(train_rows[i % len(train_rows)])) for i in range(n)]
+                tasks = [task_of(train_rows[i % len(train_rows)], f"b{i}", i) for i in range(n)]
                 start = time.perf_counter()
                 episodes = runner.run(tasks, sampling, version)
                 wall = time.perf_counter() - start

@@ -26,10 +26,9 @@ def main():
     from actors.handles import EngineClient
     from actors.vllm_engine import VLLMEngine, engine_settings
     from bench.rollout_throughput import random_adapter
-    from envs.dataset import init_state
     from inference.requests import AdapterRef, Sampling
-    from rl.inputs import load_datasets, make_prompter
-    from rl.rollout import RolloutRunner, Task
+    from rl.inputs import load_datasets, make_prompters
+    from rl.rollout import RolloutRunner, task_of
     from settings import load_config
     from vlm.processor import load_processor
 
@@ -42,9 +41,9 @@ def main():
     rows, _ = load_datasets(cfg)
     engine = VLLMEngine(cfg.trainer.policy.model.path, **engine_settings(cfg))
     runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate,
-                                       make_prompter(load_processor(cfg.trainer.policy.model.path), cfg),
+                                       make_prompters(load_processor(cfg.trainer.policy.model.path), cfg),
                                        EnvPool(cfg.environment.env_class, cfg.environment.cell_px, cfg.generator.max_turns))
-    tasks = [Task(f"p{i}", i, init_state(rows[i])) for i in range(args.episodes)]
+    tasks = [task_of(rows[i], f"p{i}", i) for i in range(args.episodes)]
     sampling = Sampling(max_new_tokens=cfg.generator.sampling_params.max_generate_length, temperature=0.0)
     adapter = random_adapter(cfg, tempfile.mkdtemp(prefix="bench-adapter-"))
     for version, label in ((0, "base"), (1, "adapter")):

@@ -20,6 +20,10 @@ class Environment:
     name: str = ""          # the value of environment.env_class that selects it
     instruction: str = ""   # what the agent is told once, before the first picture
 
+    def parts(self) -> list["Environment"]:
+        """The tasks whose rows this environment holds: itself, or each task of a mix (envs/mix.py)."""
+        return [self]
+
     def picture_size(self, cell_px: int) -> tuple[int, int]:
         """(height, width) in pixels of the picture the env renders at `environment.cell_px`."""
         raise NotImplementedError

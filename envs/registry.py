@@ -2,13 +2,15 @@
 
 `environment.env_class` is a registered name (`maze_2d/easy`) or `package.module:Class`, a subclass
 of envs.base.Environment importable where the run's actors run (ship it with the job's working
-directory). `register` adds a name for an instance, as the built-in tasks do below.
+directory), or several of these joined by `+` (a mix of tasks in one run: envs/mix.py). `register`
+adds a name for an instance, as the built-in tasks do below.
 """
 from __future__ import annotations
 
 import importlib
 
 from envs.base import Environment
+from envs.mix import SEPARATOR, TaskMix
 
 _REGISTRY: dict[str, Environment] = {}
 
@@ -28,9 +30,12 @@ def get_environment(name: str) -> Environment:
     """The environment `environment.env_class` names; ValueError naming the known ones otherwise."""
     if name in _REGISTRY:
         return _REGISTRY[name]
+    if SEPARATOR in name:
+        return TaskMix(name, [get_environment(part) for part in name.split(SEPARATOR)])
     if ":" not in name:
         raise ValueError(f"unknown environment '{name}'; known: {', '.join(names())}, or an import path "
-                         f"package.module:Class of an envs.base.Environment subclass")
+                         f"package.module:Class of an envs.base.Environment subclass, or several joined by "
+                         f"'{SEPARATOR}' (a mix)")
     module, _, attr = name.partition(":")
     try:
         cls = getattr(importlib.import_module(module), attr)

@@ -53,9 +53,9 @@ def code_root(actor) -> str:
 
 
 class Fleet:
-    def __init__(self, cfg, total_steps: int, run_dir: Path, device: str, prompter, chaos: Chaos | None = None):
+    def __init__(self, cfg, total_steps: int, run_dir: Path, device: str, prompters: dict, chaos: Chaos | None = None):
         self.cfg, self.total_steps, self.run_dir, self.device = cfg, total_steps, Path(run_dir), device
-        self.prompter = prompter
+        self.prompters = prompters
         self.plan = make_plan(cfg, use_gpu=device == "cuda")
         self.chaos = chaos or Chaos()
         self.actors = None
@@ -76,7 +76,7 @@ class Fleet:
         self.trainer = TrainingClient(self.actors.policy, self.actors.ref,
                                       ref_from_policy=self.cfg.trainer.ref_source() == "policy")
         self.env = Sync(self.actors.env_pool)
-        self.runner = RolloutRunner.from_config(self.cfg, self.engines.generate, self.prompter, self.env)
+        self.runner = RolloutRunner.from_config(self.cfg, self.engines.generate, self.prompters, self.env)
         self._write_placement()
         if self.chaos.node_kills:
             self._start_killers()

@@ -33,8 +33,8 @@ def check_model_path(path: str, key: str = "trainer.policy.model.path") -> None:
 
 
 def read_rows(path, name: str, env_id: str | None) -> list[dict]:
-    """Task rows of `path` (named `name` in messages), at least one, all of one environment: `env_id`,
-    or any one where env_id is None (an eval set evaluated as it is)."""
+    """Task rows of `path` (named `name` in messages), at least one, all of environment `env_id` (of
+    its parts, for a mix), or all of any one where env_id is None (an eval set evaluated as it is)."""
     try:
         rows = load_rows(path)
     except (FileNotFoundError, ValueError) as e:
@@ -45,7 +45,8 @@ def read_rows(path, name: str, env_id: str | None) -> list[dict]:
     if env_id is None and len(found) > 1:
         raise InputError(f"{name} '{path}' holds rows of {', '.join(found)}; an eval set is of one environment: "
                          f"split it by env_id")
-    other = [e for e in found if env_id is not None and e != env_id]
+    held = set() if env_id is None else {task.name for task in get_environment(env_id).parts()}
+    other = [e for e in found if env_id is not None and e not in held]
     if other:
         raise InputError(f"{name} '{path}' holds {', '.join(other)} rows but environment.env_class is {env_id}; "
                          f"pass a set of {env_id} rows or set environment.env_class")
@@ -137,23 +138,28 @@ def adapter_folder(path: str, s3_cfg=None) -> str:
     return join(path, prefix) if is_s3(path) else str(Path(path, prefix))
 
 
-def make_prompter(processor, cfg) -> ChatPrompter:
-    """The chat prompter of the run's model, with the environment's instruction and as many image
+def make_prompters(processor, cfg) -> dict[str, ChatPrompter]:
+    """The run's chat prompters, one a task its environment holds (env_id -> prompter)."""
+    return {task.name: task_prompter(processor, task, cfg.environment.cell_px) for task in environment_of(cfg).parts()}
+
+
+def task_prompter(processor, task: Environment, cell_px: int) -> ChatPrompter:
+    """The chat prompter of the model's processor for one task: its instruction and as many image
     tokens as one of its pictures takes."""
-    environment = environment_of(cfg)
-    height, width = environment.picture_size(cfg.environment.cell_px)
+    height, width = task.picture_size(cell_px)
     enc = processor.image_processor(images=[np.zeros((height, width, 3), np.uint8)], return_tensors="np")
     merge = getattr(processor.image_processor, "merge_size", 1)
     n_tokens = int(np.prod(enc["image_grid_thw"][0]) // (merge * merge))
-    return ChatPrompter(processor.tokenizer, n_tokens, environment.instruction)
+    return ChatPrompter(processor.tokenizer, n_tokens, task.instruction)
 
 
-def check_prompt_fits(prompter: ChatPrompter, cfg) -> None:
-    """trainer.max_prompt_length bounds the first turn's prompt (instruction and picture)."""
-    first, _ = prompter.prompt([""], [])
+def check_prompt_fits(prompters: dict[str, ChatPrompter], cfg) -> None:
+    """trainer.max_prompt_length bounds each task's first prompt (instruction and picture)."""
     limit = cfg.trainer.max_prompt_length
-    if len(first) > limit:
-        raise InputError(f"trainer.max_prompt_length: the first turn's prompt is {len(first)} tokens "
-                         f"({prompter.n_image} of them the picture) but the limit is {limit}; raise it or "
-                         f"lower environment.cell_px")
+    for env_id, prompter in prompters.items():
+        first, _ = prompter.prompt([""], [])
+        if len(first) > limit:
+            raise InputError(f"trainer.max_prompt_length: the first turn's prompt of {env_id} is {len(first)} tokens "
+                             f"({prompter.n_image} of them the picture) but the limit is {limit}; raise it or "
+                             f"lower environment.cell_px")
 

@@ -39,7 +39,9 @@ def rollout_metrics(episodes: list[Episode], advantages: list[np.ndarray], gener
 
 
 def eval_metrics(report) -> dict:
-    """The eval's numbers; the ceilings only where the task has an expert."""
+    """The eval's numbers; the ceilings only where the task has an expert; with several tasks, each
+    task's solve rate as eval/task/<env_id>/avg_score."""
     ceilings = {"eval/all/oracle_ceiling": report.oracle_ceiling, "eval/all/env_ceiling": report.env_ceiling}
     return {"eval/all/avg_score": report.solve_rate, **{k: v for k, v in ceilings.items() if v is not None},
-            "eval/all/mean_turns": report.mean_turns, "eval/all/invalid_action_rate": report.invalid_action_rate}
+            "eval/all/mean_turns": report.mean_turns, "eval/all/invalid_action_rate": report.invalid_action_rate,
+            **{f"eval/task/{env_id}/avg_score": t["solve_rate"] for env_id, t in report.by_task.items()}}

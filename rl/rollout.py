@@ -1,8 +1,9 @@
 """The multi-turn rollout: picture -> answer -> env step -> feedback and next picture, repeated.
 
 Every live episode of a turn goes to the engines in one batch. Each turn's prompt is built from
-token pieces (vlm.chat.ChatPrompter), so the model's earlier answers re-enter the context as the
-exact ids it sampled. An episode ends when the env says so, at `max_turns`, or with stop reason
+token pieces by the prompter of the episode's task (vlm.chat.ChatPrompter: its instruction and
+picture size; a run of several tasks has one each), so the model's earlier answers re-enter the
+context as the exact ids it sampled. An episode ends when the env says so, at `max_turns`, or with stop reason
 `length` when the next prompt plus an answer would not fit `max_input_length` (a picture is
 never cut). What the trainer needs comes out of `Episode.sequences()`: token ids, a loss mask
 that is 1 exactly on sampled tokens, the sampling log-probs and the pictures.
@@ -10,7 +11,7 @@ that is 1 exactly on sampled tokens, the sampling log-probs and the pictures.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -25,6 +26,7 @@ class Task:
     group: int                  # GRPO group: the index of the prompt (task row) in the batch
     init_state: dict | None = None  # Environment.init_state of the row
     seed: int | None = None
+    env_id: str = field(kw_only=True)  # the row's task: which prompter asks
 
 
 @dataclass
@@ -84,26 +86,31 @@ class Episode:
 
 
 class RolloutRunner:
-    """Runs episodes through a sampling client (`generate`) and an env pool (`env`)."""
+    """Runs episodes through a sampling client (`generate`) and an env pool (`env`); `prompters` maps
+    each task's env_id to its ChatPrompter (rl.inputs.make_prompters)."""
 
-    def __init__(self, generate, env, prompter, max_turns: int, max_input_length: int,
+    def __init__(self, generate, env, prompters: dict, max_turns: int, max_input_length: int,
                  context_window_turns: int = 0, context_pictures: int = 0):
-        self.generate, self.env, self.prompter = generate, env, prompter
+        self.generate, self.env, self.prompters = generate, env, prompters
         self.max_turns, self.max_input_length = max_turns, max_input_length
         self.window, self.pictures = context_window_turns, context_pictures
 
     @classmethod
-    def from_config(cls, cfg, generate, prompter, env) -> "RolloutRunner":
+    def from_config(cls, cfg, generate, prompters, env) -> "RolloutRunner":
         """The run's turn limit, input length and context window (cfg: settings.Config)."""
         g = cfg.generator
-        return cls(generate, env, prompter, g.max_turns, g.max_input_length, g.context_window_turns,
+        return cls(generate, env, prompters, g.max_turns, g.max_input_length, g.context_window_turns,
                    g.context_pictures)
 
     def run(self, tasks: list[Task], sampling: Sampling, expect_version: int) -> list[Episode]:
+        unknown = sorted({t.env_id for t in tasks} - set(self.prompters))
+        if unknown:
+            raise ValueError(f"tasks of {', '.join(unknown)}, but this runner prompts for {', '.join(self.prompters)}")
+        prompter = {t.episode_id: self.prompters[t.env_id] for t in tasks}
         episodes = {t.episode_id: Episode(t.episode_id, t.group, t.seed, adapter_version=expect_version)
                     for t in tasks}
         starts = self.env.reset([t.episode_id for t in tasks], seeds=[t.seed for t in tasks],
-                                init_states=[t.init_state for t in tasks])
+                                init_states=[t.init_state for t in tasks], env_ids=[t.env_id for t in tasks])
         pieces, state = {}, {}  # episode id -> (user turn texts, answer ids); -> its env's state key
         for s in starts:
             ep = episodes[s["episode_id"]]
@@ -115,7 +122,7 @@ class RolloutRunner:
             requests, asking = [], []
             for eid in live:
                 users, answers = pieces[eid]
-                ids, picture_turns = self.prompter.prompt(users, answers, self.window, self.pictures)
+                ids, picture_turns = prompter[eid].prompt(users, answers, self.window, self.pictures)
                 if len(ids) + sampling.max_new_tokens > self.max_input_length:
                     episodes[eid].stop_reason = "length"
                     continue
@@ -123,7 +130,7 @@ class RolloutRunner:
                 asking.append((eid, ids, picture_turns))
             if not asking:
                 break
-            seeded = sampling if sampling.seed is None else _with_seed(sampling, sampling.seed * 131 + turn)
+            seeded = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed * 131 + turn)
             results = self.generate(requests, seeded, expect_version)
             for (eid, ids, picture_turns), res in zip(asking, results):
                 if res.adapter_version != expect_version:  # belt and braces: engines check too
@@ -154,15 +161,14 @@ class RolloutRunner:
         return [episodes[t.episode_id] for t in tasks]
 
 
-def _with_seed(sampling: Sampling, seed: int) -> Sampling:
-    from dataclasses import replace
-    return replace(sampling, seed=seed)
-
-
 def rollout_tasks(rows: list[dict], step: int, samples_per_prompt: int) -> list[Task]:
-    """`samples_per_prompt` episodes of each row; the row's index is the GRPO group."""
-    return [Task(f"s{step}-p{i}-n{k}", i, get_environment(row["env_id"]).init_state(row), row["seed"])
-            for i, row in enumerate(rows) for k in range(samples_per_prompt)]
+    """`samples_per_prompt` episodes of each row, as its task; the row's index is the GRPO group."""
+    return [task_of(row, f"s{step}-p{i}-n{k}", i) for i, row in enumerate(rows) for k in range(samples_per_prompt)]
+
+
+def task_of(row: dict, episode_id: str, group: int) -> Task:
+    """An episode of the row, as the row's own task (its env_id) starts it."""
+    return Task(episode_id, group, get_environment(row["env_id"]).init_state(row), row["seed"], env_id=row["env_id"])
 
 
 def training_sampling(cfg, step: int) -> Sampling:

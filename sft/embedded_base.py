@@ -45,7 +45,7 @@ from envs.actions import ACTIONS
 from envs.base import Environment
 from envs.expert import direction_field
 from envs.maze import MazeEnv
-from rl.inputs import environment_of, make_prompter
+from rl.inputs import environment_of, task_prompter
 from vlm.build import EmbeddedArch, build_random_base
 from vlm.chat import ChatPrompter
 from vlm.forward import TrainSeq, collate, sampled_logprobs
@@ -140,7 +140,7 @@ class Source:
 
     def setup(self, processor):
         self.task = environment_of(self.cfg)
-        self.prompter = make_prompter(processor, self.cfg)
+        self.prompter = task_prompter(processor, self.task, self.cfg.environment.cell_px)
         self.env = self.task.make_env(self.cfg.environment.cell_px, self.cfg.generator.max_turns)
         self.pool, self.next_seed = [], SFT_SEEDS
         return self
@@ -165,9 +165,9 @@ def validation_solve_rate(model, processor, source: Source) -> float:
     g = cfg.generator
     rows = task.make_rows(VALIDATION_SEEDS, 64, g.max_turns)
     model.eval()
-    runner = RolloutRunner.from_config(cfg, HFBackend(model, processor).generate, source.prompter,
+    runner = RolloutRunner.from_config(cfg, HFBackend(model, processor).generate, {task.name: source.prompter},
                                        EnvPool(task.name, cfg.environment.cell_px, g.max_turns))
-    episodes = runner.run([Task(f"val{i}", i, task.init_state(r)) for i, r in enumerate(rows)],
+    episodes = runner.run([Task(f"val{i}", i, task.init_state(r), env_id=task.name) for i, r in enumerate(rows)],
                           Sampling(max_new_tokens=g.eval_sampling_params.max_generate_length, temperature=0.0), 0)
     model.train()
     return sum(ep.solved for ep in episodes) / len(episodes)

@@ -27,7 +27,19 @@ def summary_line(history: list[dict]) -> str:
     chosen = chosen_step(history)
     if chosen is not None:
         line += f"; chosen by validation: step {chosen}, {100 * dict(points)[chosen]:.1f}%"
-    return line
+    return line + "".join(f"\n  {task}: baseline {100 * p[0][1]:.1f}% -> final {100 * p[-1][1]:.1f}% (step {p[-1][0]})"
+                          for task, p in task_points(history).items())
+
+
+def task_points(history: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """Each task's eval solve rates in a run of several tasks (eval/task/<env_id>/avg_score)."""
+    prefix, suffix = "eval/task/", "/avg_score"
+    out = {}
+    for h in history:
+        for key, value in h.items():
+            if key.startswith(prefix) and key.endswith(suffix):
+                out.setdefault(key[len(prefix):-len(suffix)], []).append((h["step"], value))
+    return out
 
 
 def plot_learning_curve(history: list[dict], out_path: str, oracle_ceiling: float | None = None,

@@ -90,9 +90,9 @@ def test_cut_picture_is_refused(engine, prompter):
 @pytest.mark.parametrize("window, pictures", [(0, 0), (1, 0), (2, 0), (3, 1)])
 def test_loss_mask_covers_exactly_the_models_turns(engine, prompter, tiny_model_dir, window, pictures):
     tok = prompter.tok
-    runner = RolloutRunner(EngineClient([engine]).generate, EnvPool("maze_2d/easy", 16, 6), prompter, 6, 8192,
+    runner = RolloutRunner(EngineClient([engine]).generate, EnvPool("maze_2d/easy", 16, 6), {"maze_2d/easy": prompter}, 6, 8192,
                            window, pictures)
-    episodes = runner.run([Task(f"e{i}", i, seed=i) for i in range(4)],
+    episodes = runner.run([Task(f"e{i}", i, seed=i, env_id="maze_2d/easy") for i in range(4)],
                           Sampling(max_new_tokens=5, temperature=1.0, seed=7), 0)
     image_id = tok.convert_tokens_to_ids("<|image_pad|>")
     for ep in episodes:
@@ -124,7 +124,8 @@ def test_loss_mask_covers_exactly_the_models_turns(engine, prompter, tiny_model_
 
 
 def test_length_limit_ends_the_episode_without_cutting_a_picture(engine, prompter):
-    runner = RolloutRunner(EngineClient([engine]).generate, EnvPool("maze_2d/easy", 16, 10), prompter, 10, 260, 0)
-    [ep] = runner.run([Task("long", 0, seed=3)], Sampling(max_new_tokens=5, temperature=1.0, seed=1), 0)
+    runner = RolloutRunner(EngineClient([engine]).generate, EnvPool("maze_2d/easy", 16, 10), {"maze_2d/easy": prompter},
+                           10, 260, 0)
+    [ep] = runner.run([Task("long", 0, seed=3, env_id="maze_2d/easy")], Sampling(max_new_tokens=5, temperature=1.0, seed=1), 0)
     assert ep.stop_reason == "length" and ep.reward == 0
     assert all(len(t.prompt_ids) + 5 <= 260 for t in ep.turns)

@@ -30,7 +30,7 @@ def test_unknown_or_finished_ids_are_rejected_before_any_step():
     pool.reset(["a", "b"], seeds=[0, 1])
     with pytest.raises(ValueError, match="unknown"):
         pool.step(["a", "zzz"], ["up", "up"])
-    assert pool._envs["a"].turn == 0  # nothing half-applied
+    assert pool._envs["a"][1].turn == 0  # nothing half-applied
     pool.step(["a"], ["stop"])
     with pytest.raises(ValueError, match="finished"):
         pool.step(["a", "b"], ["up", "up"])

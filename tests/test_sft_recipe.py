@@ -7,7 +7,7 @@ import random
 import pytest
 
 from envs.registry import get_environment
-from rl.inputs import make_prompter
+from rl.inputs import task_prompter
 from settings import load_config
 from sft.embedded_base import expert_turns
 from vlm.load import load_processor
@@ -19,7 +19,7 @@ def test_expert_episodes_teach_only_the_experts_answers(config, env_id):
     cfg = load_config(config, [])
     task = get_environment(env_id)
     assert cfg.environment.env_class == env_id
-    prompter = make_prompter(embedded_processor, cfg)
+    prompter = task_prompter(embedded_processor, task, cfg.environment.cell_px)
     tok = embedded_processor.tokenizer
     for seed in range(6):
         env = task.make_env(cfg.environment.cell_px, cfg.generator.max_turns)

@@ -15,11 +15,10 @@ import pytest
 from actors.env_pool import EnvPool
 from actors.handles import EngineClient
 from actors.vllm_engine import StaleAdapterError, VLLMEngine, engine_settings
-from envs.dataset import init_state
 from inference.requests import AdapterRef, Sampling
 from inference.vllm_backend import AdapterRankError
-from rl.inputs import load_datasets, make_prompter
-from rl.rollout import RolloutRunner, Task
+from rl.inputs import load_datasets, make_prompters
+from rl.rollout import RolloutRunner, task_of
 from settings import load_config
 from tests.conftest import make_adapter
 from vlm.processor import load_processor
@@ -45,7 +44,7 @@ def engine_and_runner(cfg, backend):
     cfg = load_config(None, [f"data.dataset_dir={cfg.data.dataset_dir}", f"generator.inference_engine.backend={backend}"])
     engine = VLLMEngine(BASE, device="cpu", **engine_settings(cfg))
     env = EnvPool(cfg.environment.env_class, cfg.environment.cell_px, cfg.generator.max_turns)
-    runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate, make_prompter(load_processor(BASE), cfg), env)
+    runner = RolloutRunner.from_config(cfg, EngineClient([engine]).generate, make_prompters(load_processor(BASE), cfg), env)
     return engine, runner
 
 
@@ -69,7 +68,7 @@ def trained_adapter(tmp_path_factory):
 
 
 def episodes(runner, rows, sampling, version):
-    tasks = [Task(f"e{i}", i, init_state(r), r["seed"]) for i, r in enumerate(rows)]
+    tasks = [task_of(r, f"e{i}", i) for i, r in enumerate(rows)]
     return runner.run(tasks, sampling, version)
 
 
