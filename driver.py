@@ -321,16 +321,18 @@ def finish_saves(fleet, state, run: Run) -> int:
 
 def eval_only(cfg, eval_set: str | None, adapter: str | None) -> int:
     """Greedy eval of the base or an adapter on the run's eval set, or on `eval_set` as it is: its rows'
-    environment (another than the config's, say) is the one played, and the run's dataset is not read."""
+    environment (another than the config's, say; several tasks are played as their mix and reported
+    task by task) is the one played, and the run's dataset is not read."""
     from dataclasses import replace
 
     from actors.local import evaluate_locally
+    from envs.mix import env_class_of
     from rl.inputs import adapter_folder, check_model_path, load_datasets, read_rows
     check_model_path(cfg.trainer.policy.model.path)
     adapter = adapter_folder(adapter, cfg.s3) if adapter else None
     if eval_set:
         eval_rows = read_rows(eval_set, "--eval-set", None)
-        cfg = replace(cfg, environment=replace(cfg.environment, env_class=eval_rows[0]["env_id"]))
+        cfg = replace(cfg, environment=replace(cfg.environment, env_class=env_class_of(r["env_id"] for r in eval_rows)))
     else:
         _, eval_rows = load_datasets(cfg)
     report = evaluate_locally(cfg, eval_rows, adapter)

@@ -88,6 +88,11 @@ class TaskMix(Environment):
         return self.part(row["env_id"]).describe(row)
 
 
+def env_class_of(env_ids) -> str:
+    """The environment.env_class that holds rows of these tasks: the task, or their mix in order of appearance."""
+    return SEPARATOR.join(dict.fromkeys(env_ids))
+
+
 def interleave(lists: list[list[dict]]) -> list[dict]:
     """a0, b0, a1, b1, ...; a longer list's rest at the end."""
     out = []

@@ -34,7 +34,7 @@ def check_model_path(path: str, key: str = "trainer.policy.model.path") -> None:
 
 def read_rows(path, name: str, env_id: str | None) -> list[dict]:
     """Task rows of `path` (named `name` in messages), at least one, all of environment `env_id` (of
-    its parts, for a mix), or all of any one where env_id is None (an eval set evaluated as it is)."""
+    its parts, for a mix), or of any tasks where env_id is None (an eval set evaluated as it is)."""
     try:
         rows = load_rows(path)
     except (FileNotFoundError, ValueError) as e:
@@ -42,9 +42,6 @@ def read_rows(path, name: str, env_id: str | None) -> list[dict]:
     if not rows:
         raise InputError(f"{name} '{path}' holds no rows; write a set with `python driver.py --make-dataset DIR`")
     found = sorted({r["env_id"] for r in rows})
-    if env_id is None and len(found) > 1:
-        raise InputError(f"{name} '{path}' holds rows of {', '.join(found)}; an eval set is of one environment: "
-                         f"split it by env_id")
     held = set() if env_id is None else {task.name for task in get_environment(env_id).parts()}
     other = [e for e in found if env_id is not None and e not in held]
     if other:

@@ -1,6 +1,7 @@
 """Every user error the driver can meet ends with exit status 2 and one line naming the input,
 what is wrong and what to do: no traceback, nothing written, no network."""
 import json
+import re
 
 import pytest
 
@@ -31,7 +32,6 @@ CASES = [
     (["--eval-only", "--eval-set", "{t}/missing.jsonl"], ["--eval-set", "missing.jsonl", "does not exist"]),
     (["--eval-only", "--eval-set", "{t}/garbage.jsonl"], ["--eval-set", "garbage.jsonl", "not a task row"]),
     (["--eval-only", "--eval-set", "{t}/no_maze.jsonl"], ["--eval-set", "no_maze.jsonl", "maze_2d/easy row (no maze)"]),
-    (["--eval-only", "--eval-set", "{t}/mixed.jsonl"], ["--eval-set", "maze_2d/easy, maze_2d/hard", "one environment"]),
     (["data.eval_set={t}/hard.jsonl"], ["data.eval_set", "maze_2d/hard", "environment.env_class"]),
     (["--eval-only", "--eval-set", "{t}/empty.jsonl"], ["--eval-set", "empty.jsonl", "no rows"]),
     (["--eval-only", "--adapter", "{t}/no_adapter"], ["--adapter", "no_adapter", "not a folder"]),
@@ -108,6 +108,17 @@ def test_a_validation_split_of_another_size_is_not_used(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data.validation_size=4 (the config has 8)" in err[0], err
     assert not run.exists()
+
+
+def test_an_eval_set_of_several_tasks_is_evaluated_task_by_task(files, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert driver.main(["--eval-only", "--eval-set", str(files / "mixed.jsonl"), f"trainer.run_dir={run}",
+                        "generator.max_turns=49"]) == 0
+    out = capsys.readouterr().out
+    assert "maze_2d/easy+maze_2d/hard, one line a row" in out
+    assert re.search(r"; maze_2d/easy \d+\.\d% \(\d/2\), maze_2d/hard \d+\.\d% \(\d/2\)", out), out
+    played = [json.loads(line) for line in (run / "eval_only.jsonl").read_text().splitlines()]
+    assert [p["env_id"] for p in played] == ["maze_2d/easy"] * 2 + ["maze_2d/hard"] * 2
 
 
 def test_an_eval_set_of_another_environment_is_evaluated_as_it_is(files, tmp_path, capsys):
