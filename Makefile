@@ -1,9 +1,10 @@
 # `make run` and `make test` each do their own set-up on a fresh machine: a virtualenv in .venv,
 # torch 2.13.0 (CPU build) first so nothing pulls a multi-GB CUDA build, then visrl and its extras,
-# every package (torch's own dependencies included) at the version requirements/lock.txt records (the versions the recorded figures
-# came from). vLLM's CPU build lives in its own virtualenv (.venv-vllm): it needs transformers <5.20
-# and the PyPI torch/torchvision pair, which cannot sit beside the CPU torch of .venv. `make test`
-# sets up both and runs tests/on_vllm/ in the second; `make run` needs neither vLLM nor that set-up.
+# every package (torch's own dependencies included) at the version requirements/lock.txt records
+# (the versions the recorded figures came from). vLLM's CPU build lives in its own virtualenv
+# (.venv-vllm): it needs transformers <5.20 and the PyPI torch/torchvision pair, which cannot sit
+# beside the CPU torch of .venv. `make test` sets up both and runs tests/on_vllm/ in the second;
+# `make run` needs neither vLLM nor that set-up.
 # PyTorch's CPU wheel index: without it pip takes PyPI's torch, a CUDA build of several GB. Where pip
 # finds the wheel in a local wheel folder (its find-links) the index is not asked; its dependencies
 # come with visrl's. `make ... TORCH_INDEX=` skips the index everywhere.

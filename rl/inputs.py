@@ -42,8 +42,7 @@ def read_rows(path, name: str, env_id: str | None) -> list[dict]:
     if not rows:
         raise InputError(f"{name} '{path}' holds no rows; write a set with `python driver.py --make-dataset DIR`")
     found = sorted({r["env_id"] for r in rows})
-    held = set() if env_id is None else {task.name for task in get_environment(env_id).parts()}
-    other = [e for e in found if env_id is not None and e not in held]
+    other = [] if env_id is None else sorted(set(found) - {task.name for task in get_environment(env_id).parts()})
     if other:
         raise InputError(f"{name} '{path}' holds {', '.join(other)} rows but environment.env_class is {env_id}; "
                          f"pass a set of {env_id} rows or set environment.env_class")

@@ -3,9 +3,9 @@
 Every live episode of a turn goes to the engines in one batch. Each turn's prompt is built from
 token pieces by the prompter of the episode's task (vlm.chat.ChatPrompter: its instruction and
 picture size; a run of several tasks has one each), so the model's earlier answers re-enter the
-context as the exact ids it sampled. An episode ends when the env says so, at `max_turns`, or with stop reason
-`length` when the next prompt plus an answer would not fit `max_input_length` (a picture is
-never cut). What the trainer needs comes out of `Episode.sequences()`: token ids, a loss mask
+context as the exact ids it sampled. An episode ends when the env says so, at `max_turns`, or with
+stop reason `length` when the next prompt plus an answer would not fit `max_input_length` (a
+picture is never cut). What the trainer needs comes out of `Episode.sequences()`: token ids, a loss mask
 that is 1 exactly on sampled tokens, the sampling log-probs and the pictures.
 """
 from __future__ import annotations

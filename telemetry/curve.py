@@ -34,12 +34,9 @@ def summary_line(history: list[dict]) -> str:
 def task_points(history: list[dict]) -> dict[str, list[tuple[int, float]]]:
     """Each task's eval solve rates in a run of several tasks (eval/task/<env_id>/avg_score)."""
     prefix, suffix = "eval/task/", "/avg_score"
-    out = {}
-    for h in history:
-        for key, value in h.items():
-            if key.startswith(prefix) and key.endswith(suffix):
-                out.setdefault(key[len(prefix):-len(suffix)], []).append((h["step"], value))
-    return out
+    tasks = dict.fromkeys(k[len(prefix):-len(suffix)] for h in history for k in h
+                          if k.startswith(prefix) and k.endswith(suffix))
+    return {task: eval_points(history, f"{prefix}{task}{suffix}") for task in tasks}
 
 
 def plot_learning_curve(history: list[dict], out_path: str, oracle_ceiling: float | None = None,
