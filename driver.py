@@ -217,7 +217,7 @@ def train(cfg, chaos=None) -> int:
     from actors.checkpointer import Checkpointer, resume_step
     from placement.fleet import Fleet
     from placement.runtime_env import connect, run_namespace
-    from rl.inputs import check_model_path, check_prompt_fits, load_datasets, load_validation, make_prompters
+    from rl.inputs import check_model_path, check_prompt_fits, initial_adapter, load_datasets, load_validation, make_prompters
     from rl.sampler import PromptSampler, repeat_long_routes
     from rl.state import RunState
     from telemetry.curve import plot_learning_curve, summary_line
@@ -227,6 +227,7 @@ def train(cfg, chaos=None) -> int:
 
     t = cfg.trainer
     check_model_path(t.policy.model.path)
+    initial_adapter(cfg)
     prompters = make_prompters(load_processor(resolve_model_path(t.policy.model.path, cfg.s3, weights=False)), cfg)
     check_prompt_fits(prompters, cfg)
     # which checkpoint to resume from, found before any actor starts (none that verifies: an error)

@@ -137,3 +137,6 @@ class TrainingClient:
 
     def load_state_dict(self, state: dict) -> None:
         call_all(self.policy, "load_state_dict", [(state,)] * len(self.policy))
+
+    def load_adapter_weights(self, lora: dict) -> None:
+        call_all(self.policy, "load_adapter_weights", [(lora,)] * len(self.policy))

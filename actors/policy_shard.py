@@ -249,17 +249,31 @@ class FSDPPolicyShard:
     def load_state_dict(self, state: dict) -> None:
         """Restore from {"lora": PEFT adapter tensors, "optimizer", "scheduler", ...} at any world size."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        missing = [n for n in names if _peft_key(n) not in state["lora"]]
-        if missing:
-            raise ValueError(f"checkpoint adapter lacks {len(missing)} LoRA tensors of this model, e.g. "
-                             f"{_peft_key(missing[0])}; was it saved with another lora config?")
-        model_sd = {n: state["lora"][_peft_key(n)] for n in names}
-        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(full_state_dict=True, strict=False))
+        set_state_dict(self.model, self.optimizer, model_state_dict=self._lora_state(state["lora"], "checkpoint"),
+                       optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True, strict=False))
         self.scheduler.load_state_dict(state["scheduler"])
         self.optimizer_steps = int(state["optimizer_steps"])
         torch.set_rng_state(state["torch_rng"])
+
+    def load_adapter_weights(self, lora: dict) -> None:
+        """Start from another run's adapter (PEFT tensors): its weights, this run's fresh optimizer."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        set_model_state_dict(self.model, self._lora_state(lora, "initial"),
+                             options=StateDictOptions(full_state_dict=True, strict=False))
+
+    def _lora_state(self, lora: dict, what: str) -> dict:
+        """{parameter name: tensor} for this model's LoRA weights from PEFT's keys, all of them present
+        and no others (an adapter of other target modules or rank is refused, not half loaded)."""
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        missing = [n for n in names if _peft_key(n) not in lora]
+        if missing:
+            raise ValueError(f"{what} adapter lacks {len(missing)} LoRA tensors of this model, e.g. "
+                             f"{_peft_key(missing[0])}; was it saved with another lora config?")
+        extra = set(lora) - {_peft_key(n) for n in names}
+        if extra:
+            raise ValueError(f"{what} adapter holds {len(extra)} LoRA tensors this model's LoRA lacks, e.g. "
+                             f"{min(extra)}; was it saved with other target_modules?")
+        return {n: lora[_peft_key(n)] for n in names}
 
     def peak_memory_gib(self) -> float:
         from vlm.load import peak_memory_gib

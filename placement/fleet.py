@@ -146,16 +146,15 @@ class Fleet:
         `state`; returns the seconds it took, or None when there is nothing to resume from. With
         mode=latest, `step` is the checkpoint already chosen (else the newest that verifies)."""
         t = self.cfg.trainer
-        if mode == "none":
-            return None
         if mode == "from_path":
             root, step = parse_step_path(t.resume_path)
             source = Sync(Checkpointer(root, self.cfg.s3))
-        else:
+        elif mode == "latest":
             source = Sync(self.actors.checkpointer)
             step = step if step is not None else resume_step(source, t.ckpt_path)
-            if step is None:
-                return None
+        if mode == "none" or step is None:
+            self.start_adapter(state)
+            return None
         started = time.perf_counter()
         trainer_state = source.load_trainer_state(step)
         version = int(trainer_state["adapter_version"])
@@ -167,6 +166,20 @@ class Fleet:
         state.restore(trainer_state, adapter, self.exported_best())
         self.durable_step, self.save_failed = state.step, False
         return time.perf_counter() - started
+
+    def start_adapter(self, state: RunState) -> None:
+        """A run with nothing to resume starts from the base, or from trainer.policy.model.lora.init_from:
+        the shards take its weights and write them as adapter v1, which the engines load, so the
+        step-0 eval and the first rollouts see what the trainer holds."""
+        from rl.inputs import initial_adapter, read_adapter
+        folder = initial_adapter(self.cfg)
+        if folder is None:
+            return
+        self.trainer.load_adapter_weights(read_adapter(folder, self.cfg.s3))
+        adapter = AdapterRef(str(self.run_dir / "adapters" / "v1"), 1)
+        self.trainer.save_adapter(adapter.path)
+        self.engines.load_adapter(adapter)
+        state.adapter = adapter
 
     def exported_best(self) -> dict | None:
         """The selection.json of the adapter the validation set chose (driver.choose_adapter), if any."""

@@ -119,19 +119,46 @@ def load_validation(cfg) -> list[dict]:
     return read_rows(Path(cfg.data.dataset_dir) / "validation.jsonl", "data.dataset_dir", cfg.environment.env_class)
 
 
-def adapter_folder(path: str, s3_cfg=None) -> str:
-    """The PEFT adapter `--adapter` names (a folder or s3:// prefix): the place itself, or an export's `policy/`."""
+def adapter_folder(path: str, s3_cfg=None, key: str = "--adapter") -> str:
+    """The PEFT adapter `key` names (a folder or s3:// prefix): the place itself, or an export's `policy/`."""
     if not is_s3(path) and not Path(path).is_dir():
-        raise InputError(f"--adapter '{path}' is not a folder; give an adapter folder such as "
+        raise InputError(f"{key} '{path}' is not a folder; give an adapter folder such as "
                          f"runs/default/exports/global_step_64/policy")
     try:
         prefix = adapter_prefix(open_store(path, s3_cfg))
     except StorageError as e:
-        raise InputError(f"--adapter '{path}': {e}") from None
+        raise InputError(f"{key} '{path}': {e}") from None
     if prefix is None:
-        raise InputError(f"--adapter '{path}' holds no {' and '.join(ADAPTER_FILES)}; give a PEFT adapter folder "
+        raise InputError(f"{key} '{path}' holds no {' and '.join(ADAPTER_FILES)}; give a PEFT adapter folder "
                          f"(a run exports them to <export_path>/global_step_N/policy)")
     return join(path, prefix) if is_s3(path) else str(Path(path, prefix))
+
+
+def initial_adapter(cfg) -> str | None:
+    """trainer.policy.model.lora.init_from, checked against the run's LoRA before any actor starts:
+    the adapter folder, or None (the run starts from the base)."""
+    lora, key = cfg.trainer.policy.model.lora, "trainer.policy.model.lora.init_from"
+    if not lora.init_from:
+        return None
+    if not is_s3(lora.init_from) and not Path(lora.init_from).exists():
+        raise InputError(f"{key} '{lora.init_from}' does not exist; train the stage it names first (its run "
+                         f"exports the adapter there), or set {key}=null to start from the base")
+    folder = adapter_folder(lora.init_from, cfg.s3, key)
+    saved = json.loads(open_store(folder, cfg.s3).get_bytes("adapter_config.json"))
+    if saved.get("r") != lora.rank:
+        raise InputError(f"{key} '{lora.init_from}' has LoRA rank {saved.get('r')} but trainer.policy.model.lora.rank "
+                         f"is {lora.rank}; set the rank it was trained with")
+    adapted = sorted(saved.get("target_modules") or [])
+    if lora.target_modules != "all-linear" and set(lora.target_modules.split(",")) != set(adapted):
+        raise InputError(f"{key} '{lora.init_from}' adapts {','.join(adapted)} but trainer.policy.model.lora."
+                         f"target_modules is {lora.target_modules}; set the modules it was trained with")
+    return folder
+
+
+def read_adapter(folder: str, s3_cfg=None) -> dict:
+    """The LoRA tensors of a PEFT adapter folder or s3:// prefix (safetensors: nothing is unpickled)."""
+    from safetensors.torch import load
+    return load(open_store(folder, s3_cfg).get_bytes("adapter_model.safetensors"))
 
 
 def make_prompters(processor, cfg) -> dict[str, ChatPrompter]:

@@ -110,13 +110,14 @@ def s3_server():
     server.stop()
 
 
-def make_adapter(model_dir, out_dir, seed, rank=4, scale=1.0):
+def make_adapter(model_dir, out_dir, seed, rank=4, scale=1.0, target_modules="all-linear"):
     """A PEFT LoRA adapter with random (non-zero) weights, so it changes the model's outputs."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
-    peft = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear",
+    target = target_modules if target_modules == "all-linear" else target_modules.split(",")
+    peft = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=target,
                                             init_lora_weights=False))
     with torch.no_grad():
         for n, p in peft.named_parameters():

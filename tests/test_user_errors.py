@@ -42,6 +42,9 @@ CASES = [
     (["trainer.critic.model.path=x"], ["trainer.critic", "does not support"]),
     (["trainer.resume_mode=from_path", "trainer.resume_path={t}/ckpts/step9"], ["resume_path", "global_step_N"]),
     (["trainer.logger=neptune"], ["trainer.logger", "tensorboard, console, mlflow, wandb"]),
+    (["trainer.policy.model.lora.init_from={t}/stage1"], ["lora.init_from", "stage1", "does not exist",
+                                                        "train the stage it names first"]),
+    (["trainer.policy.model.lora.init_from={t}/empty_adapter"], ["lora.init_from", "adapter_config.json"]),
 ]
 
 
@@ -135,3 +138,17 @@ def test_an_eval_set_of_another_environment_is_evaluated_as_it_is(files, tmp_pat
     hard = [json.loads(line) for line in (files / "hard.jsonl").read_text().splitlines()]
     assert [p["seed"] for p in played] == [h["seed"] for h in hard]
     assert [p["optimal_moves"] for p in played] == [h["optimal_moves"] for h in hard]
+
+
+@pytest.mark.parametrize("settings, words", [
+    ([], ["has LoRA rank 4", "lora.rank is 16", "set the rank it was trained with"]),
+    (["trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.target_modules=q_proj,v_proj"],
+     ["target_modules is q_proj,v_proj", "set the modules it was trained with"])])
+def test_an_initial_adapter_of_another_lora_is_refused_before_anything_starts(adapter_dir, tmp_path, capsys,
+                                                                            settings, words):
+    run = tmp_path / "run"
+    assert driver.main([f"trainer.policy.model.lora.init_from={adapter_dir}", f"trainer.run_dir={run}",
+                        f"data.dataset_dir={run}/data", *settings]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and adapter_dir in err[0] and all(w in err[0] for w in words), err
+    assert not run.exists()
