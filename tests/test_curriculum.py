@@ -34,6 +34,9 @@ def test_a_run_starts_from_another_runs_adapter(tiny_model_dir, tmp_path):
         assert run_driver(args).returncode == 0
         evals[name] = answers(folder / "eval_only.jsonl")
     assert answers(run / "eval" / "step_00000.jsonl") == evals["with"] != evals["base"]
+    # a checkpoint to resume from takes precedence over the initial adapter
+    resumed = run_driver(tiny_run_args(tiny_model_dir, run) + [f"trainer.policy.model.lora.init_from={stage1}"])
+    assert resumed.returncode == 0 and "resumed from" in resumed.stdout and "at step 1" in resumed.stdout
 
 
 def test_an_adapter_of_other_target_modules_is_refused_whole(tiny_model_dir, tmp_path):
