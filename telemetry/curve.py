@@ -52,7 +52,7 @@ def plot_learning_curve(history: list[dict], out_path: str, oracle_ceiling: floa
         ax.plot(*zip(*train), color="tab:blue", alpha=0.55, label="train reward (mean)")
     if points:
         ax.plot(*zip(*points), "o-", color="tab:green", label="eval solve rate (greedy)")
-        ax.axhline(points[0][1], color="grey", ls="--", lw=1, label=f"base model {100 * points[0][1]:.1f}%")
+        ax.axhline(points[0][1], color="grey", ls="--", lw=1, label=f"start (step {points[0][0]}) {100 * points[0][1]:.1f}%")
     validation = eval_points(history, "eval/validation/avg_score")
     if validation:
         ax.plot(*zip(*validation), "s:", ms=3, color="tab:purple", label="validation solve rate (chooses the adapter)")
