@@ -148,6 +148,9 @@ def initial_adapter(cfg) -> str | None:
     if saved.get("r") != lora.rank:
         raise InputError(f"{key} '{lora.init_from}' has LoRA rank {saved.get('r')} but trainer.policy.model.lora.rank "
                          f"is {lora.rank}; set the rank it was trained with")
+    if saved.get("lora_alpha") != lora.alpha:  # the adapter's output scales with alpha / rank
+        raise InputError(f"{key} '{lora.init_from}' has LoRA alpha {saved.get('lora_alpha')} but trainer.policy.model."
+                         f"lora.alpha is {lora.alpha}; set the alpha it was trained with")
     adapted = sorted(saved.get("target_modules") or [])
     if lora.target_modules != "all-linear" and set(lora.target_modules.split(",")) != set(adapted):
         raise InputError(f"{key} '{lora.init_from}' adapts {','.join(adapted)} but trainer.policy.model.lora."

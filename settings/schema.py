@@ -19,8 +19,8 @@ class LoraConfig:
     dropout: float = 0.0
     target_modules: str = "all-linear"  # or a comma-separated list of module names
     # visrl: a PEFT adapter (folder or s3:// prefix, e.g. an earlier run's exports/global_step_N/policy)
-    # the run's adapter starts from, with a fresh optimizer: a curriculum's next stage. Same rank and
-    # target modules; a checkpoint to resume from takes precedence.
+    # the run's adapter starts from, with a fresh optimizer: a curriculum's next stage. Same rank,
+    # alpha and target modules; a checkpoint to resume from takes precedence.
     init_from: Optional[str] = None
 
 

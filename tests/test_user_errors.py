@@ -142,7 +142,9 @@ def test_an_eval_set_of_another_environment_is_evaluated_as_it_is(files, tmp_pat
 
 @pytest.mark.parametrize("settings, words", [
     ([], ["has LoRA rank 4", "lora.rank is 16", "set the rank it was trained with"]),
-    (["trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.target_modules=q_proj,v_proj"],
+    (["trainer.policy.model.lora.rank=4"], ["has LoRA alpha 8", "lora.alpha is 32", "set the alpha"]),
+    (["trainer.policy.model.lora.rank=4", "trainer.policy.model.lora.alpha=8",
+      "trainer.policy.model.lora.target_modules=q_proj,v_proj"],
      ["target_modules is q_proj,v_proj", "set the modules it was trained with"])])
 def test_an_initial_adapter_of_another_lora_is_refused_before_anything_starts(adapter_dir, tmp_path, capsys,
                                                                             settings, words):
