@@ -227,7 +227,7 @@ def train(cfg, chaos=None) -> int:
 
     t = cfg.trainer
     check_model_path(t.policy.model.path)
-    initial_adapter(cfg)
+    start_from = initial_adapter(cfg)
     prompters = make_prompters(load_processor(resolve_model_path(t.policy.model.path, cfg.s3, weights=False)), cfg)
     check_prompt_fits(prompters, cfg)
     # which checkpoint to resume from, found before any actor starts (none that verifies: an error)
@@ -244,7 +244,7 @@ def train(cfg, chaos=None) -> int:
         print("note: trainer.strategy=fsdp runs FSDP2 (fully_shard), as fsdp2 does; FSDP1 is not supported", flush=True)
 
     connect(cfg)
-    fleet = Fleet(cfg, run.total_steps, run.dir, resolve_device(t.device), prompters, chaos)
+    fleet = Fleet(cfg, run.total_steps, run.dir, resolve_device(t.device), prompters, chaos, start_from)
     fleet.start()
     state = RunState(0, None, sampler)
     restore_s = fleet.restore(state, t.resume_mode, resume_at)

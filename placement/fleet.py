@@ -53,8 +53,10 @@ def code_root(actor) -> str:
 
 
 class Fleet:
-    def __init__(self, cfg, total_steps: int, run_dir: Path, device: str, prompters: dict, chaos: Chaos | None = None):
+    def __init__(self, cfg, total_steps: int, run_dir: Path, device: str, prompters: dict, chaos: Chaos | None = None,
+                 start_from: str | None = None):
         self.cfg, self.total_steps, self.run_dir, self.device = cfg, total_steps, Path(run_dir), device
+        self.start_from = start_from  # the checked trainer.policy.model.lora.init_from folder (None: the base)
         self.prompters = prompters
         self.plan = make_plan(cfg, use_gpu=device == "cuda")
         self.chaos = chaos or Chaos()
@@ -171,11 +173,10 @@ class Fleet:
         """A run with nothing to resume starts from the base, or from trainer.policy.model.lora.init_from:
         the shards take its weights and write them as adapter v1, which the engines load, so the
         step-0 eval and the first rollouts see what the trainer holds."""
-        from rl.inputs import initial_adapter, read_adapter
-        folder = initial_adapter(self.cfg)
-        if folder is None:
+        from rl.inputs import read_adapter
+        if self.start_from is None:
             return
-        self.trainer.load_adapter_weights(read_adapter(folder, self.cfg.s3))
+        self.trainer.load_adapter_weights(read_adapter(self.start_from, self.cfg.s3))
         adapter = AdapterRef(str(self.run_dir / "adapters" / "v1"), 1)
         self.trainer.save_adapter(adapter.path)
         self.engines.load_adapter(adapter)

@@ -112,13 +112,15 @@ def s3_server():
 
 def make_adapter(model_dir, out_dir, seed, rank=4, scale=1.0, target_modules="all-linear"):
     """A PEFT LoRA adapter with random (non-zero) weights, so it changes the model's outputs."""
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
     from transformers import AutoModelForImageTextToText
+
+    from actors.policy_shard import lora_config
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
-    target = target_modules if target_modules == "all-linear" else target_modules.split(",")
-    peft = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=target,
-                                            init_lora_weights=False))
+    config = lora_config({"rank": rank, "alpha": 2 * rank, "dropout": 0.0, "target_modules": target_modules})
+    config.init_lora_weights = False
+    peft = get_peft_model(model, config)
     with torch.no_grad():
         for n, p in peft.named_parameters():
             if "lora_B" in n:
