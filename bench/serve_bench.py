@@ -11,9 +11,14 @@ over 4 adapters (with the error count). With --backends hf vllm, the same for th
 for ray.serve.llm on vLLM, one after the other in one Ray cluster. With --trained FOLDER, that
 adapter goes to the S3 server too and each app plays --mazes eval mazes greedily through the openai
 client, with the base and with the adapter: solved counts, and how many move sequences the apps share.
+With --backends vllm-server, vLLM's own OpenAI server (what ray.serve.llm runs in its replicas) as a
+subprocess, the adapters synced from the S3 server to a local folder first: for a machine whose vLLM
+is older than the one Ray's serve code imports (vLLM 0.26 on the H200 image's torch 2.11).
 """
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,8 +58,8 @@ def main():
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--adapters", type=int, default=4)
     ap.add_argument("--port", type=int, default=8765)
-    ap.add_argument("--backends", nargs="+", default=["hf"], choices=["hf", "vllm"],
-                    help="vllm: ray.serve.llm (run with .venv-vllm/bin/python)")
+    ap.add_argument("--backends", nargs="+", default=["hf"], choices=["hf", "vllm", "vllm-server"],
+                    help="vllm: ray.serve.llm (run with .venv-vllm/bin/python); vllm-server: vLLM's own server")
     ap.add_argument("--trained", help="a trained adapter folder (a run's exports/global_step_N/policy)")
     ap.add_argument("--mazes", type=int, default=16, help="eval mazes each app plays with --trained")
     args = ap.parse_args()
@@ -90,15 +95,23 @@ def main():
     base_id = "maze-vl-base"
     rows, episodes = {}, {}
     for backend in args.backends:  # one app at a time, the other idle: they share the cores
-        serve.run(app({**settings, "backend": backend, **({"cache_dir": str(tmp / "cache"), **gpu} if backend == "hf" else {})}),
-                  name=backend, route_prefix=f"/{backend}")
-        rows[backend] = measure(f"http://127.0.0.1:{args.port}/{backend}", base_id, names, body, args)
+        if backend == "vllm-server":
+            server, root = start_vllm_server(base, base_id, list(folders), client, tmp, args.port + 1, args.adapters)
+        else:
+            hf_only = {"cache_dir": str(tmp / "cache"), **gpu} if backend == "hf" else {}
+            serve.run(app({**settings, "backend": backend, **hf_only}), name=backend, route_prefix=f"/{backend}")
+            root = f"http://127.0.0.1:{args.port}/{backend}"
+        rows[backend] = measure(root, base_id, names, body, args)
         if args.trained:
-            episodes[backend] = play_mazes(f"http://127.0.0.1:{args.port}/{backend}/v1", base_id, tmp, args.mazes)
+            episodes[backend] = play_mazes(f"{root}/v1", base_id, tmp, args.mazes)
             rows[backend] |= {f"{who}: eval mazes solved (of {args.mazes}, openai client, greedy)":
                               str(sum(e["solved"] for e in eps)) for who, eps in episodes[backend].items()}
         print(f"{backend}: {rows[backend]}", flush=True)  # each app's figures as soon as it is measured
-        serve.delete(backend)
+        if backend == "vllm-server":
+            server.terminate()
+            server.wait(60)
+        else:
+            serve.delete(backend)
     if len(episodes) == 2:
         a, b = episodes.values()
         for who in a:
@@ -112,6 +125,53 @@ def main():
     serve.shutdown()
     ray.shutdown()
     s3.stop()
+
+
+def start_vllm_server(base: str, base_id: str, names: list[str], s3_client, tmp: Path, port: int,
+                      max_loras: int) -> tuple[subprocess.Popen, str]:
+    """vLLM's OpenAI server on 127.0.0.1 with the engine arguments the serve app gives ray.serve.llm;
+    each adapter downloaded from the S3 server and served as `base_id:name`."""
+    import os
+
+    import requests
+    import torch
+
+    from inference.vllm_backend import cpu_env, engine_kwargs
+    on_cpu = not torch.cuda.is_available()
+    modules = []
+    for name in names:
+        folder = tmp / "synced" / name
+        folder.mkdir(parents=True)
+        for f in ("adapter_config.json", "adapter_model.safetensors"):
+            s3_client.download_file("adapters", f"bench/{name}/{f}", str(folder / f))
+        modules.append(json.dumps({"name": f"{base_id}:{name}", "path": str(folder), "base_model_name": base_id}))
+    options = ({"model": base, "served_model_name": base_id, "host": "127.0.0.1", "port": port, "max_model_len": 4096}
+               | ({"dtype": "float32"} if on_cpu else {"dtype": "bfloat16", "gpu_memory_utilization": 0.45})
+               | engine_kwargs(on_cpu, 16, max_loras))
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *cli_flags(options),
+                               "--lora-modules", *modules], env=os.environ | (cpu_env(2) if on_cpu else {}))
+    root = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"vLLM's server exited with {server.returncode} before it answered")
+        try:
+            if requests.get(f"{root}/health", timeout=5).ok:
+                return server, root
+        except requests.ConnectionError:
+            pass
+        time.sleep(2)
+    server.kill()
+    raise RuntimeError("vLLM's server did not answer /health within 600 s")
+
+
+def cli_flags(options: dict) -> list[str]:
+    """Engine arguments as vLLM's command line takes them: booleans as --name / --no-name."""
+    flags = []
+    for key, value in options.items():
+        name = key.replace("_", "-")
+        flags += [f"--{name}"] if value is True else [f"--no-{name}"] if value is False else [f"--{name}", str(value)]
+    return flags
 
 
 def play_mazes(base_url: str, base_id: str, tmp: Path, n: int) -> dict:
