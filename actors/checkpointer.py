@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from storage import StorageError, open_store
+from storage.atomic import replace_dir, temp_beside
 
 MARKER = "latest_ckpt_global_step.txt"
 INCOMPLETE = "incomplete"
@@ -147,13 +148,11 @@ class Checkpointer:
         d = step_dir(step)
         state = torch.load(io.BytesIO(self.store.get_bytes(f"{d}/policy/optimizer.pt")), weights_only=True)
         out = Path(adapter_out)
-        tmp = out.with_name(f".{out.name}.restore.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = temp_beside(out)
         tmp.mkdir(parents=True)
         for name in ("adapter_model.safetensors", "adapter_config.json"):
             (tmp / name).write_bytes(self.store.get_bytes(f"{d}/policy/{name}"))
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        replace_dir(tmp, out)
         state["lora"] = load((out / "adapter_model.safetensors").read_bytes())
         return state
 

@@ -43,6 +43,7 @@ from pathlib import Path
 # run as a script from a checkout (python deploy/local_cluster.py), the project's packages sit beside it
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from placement.runtime_env import FORWARDED_ENV  # noqa: E402
+from storage.atomic import write_atomic  # noqa: E402
 
 DEFAULT_DIR = Path("runs") / "cluster"  # under the folder it is run from
 DEVICE_RESOURCE = "visrl_device"
@@ -74,9 +75,7 @@ class LocalCluster:
     # ---- state ------------------------------------------------------------------------------
     def _save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=2))
-        os.replace(tmp, self.state_file)
+        write_atomic(self.state_file, json.dumps(self.state, indent=2))
 
     @property
     def address(self) -> str:

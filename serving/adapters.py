@@ -20,6 +20,7 @@ from pathlib import Path
 from serving.errors import APIError
 from storage import StorageError, open_store
 from storage.adapters import ADAPTER_FILES, adapter_prefix
+from storage.atomic import replace_dir, temp_beside
 
 log = logging.getLogger("visrl.serve")
 NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")  # matched whole (fullmatch): no trailing newline slips by
@@ -65,8 +66,7 @@ class AdapterSource:
                            "model")
         dest = self.cache / name
         start = time.perf_counter()
-        tmp = self.cache / f".{name}.partial"
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = temp_beside(dest)
         tmp.mkdir()
         try:
             for f in ADAPTER_FILES:
@@ -76,8 +76,7 @@ class AdapterSource:
             log.warning("download of adapter %s failed: %s", name, e)  # where from stays in the server's log
             raise APIError(503, f"adapter '{name}' could not be downloaded from the adapter store; try again") from None
         self.check(name, tmp)
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
+        replace_dir(tmp, dest)
         return str(dest), time.perf_counter() - start
 
     def check(self, name: str, folder: Path) -> None:

@@ -31,7 +31,6 @@ import argparse
 import copy
 import json
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ from envs.base import Environment
 from envs.expert import direction_field
 from envs.maze import MazeEnv
 from rl.inputs import environment_of, task_prompter
+from storage.atomic import replace_dir, temp_beside
 from vlm.build import EmbeddedArch, build_random_base
 from vlm.chat import ChatPrompter
 from vlm.forward import TrainSeq, collate, sampled_logprobs
@@ -316,8 +316,7 @@ def main(argv=None):
                              "lr": args.second_lr, **stage_c}
     model.eval()
     out = Path(args.out)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = temp_beside(out)
     model.save_pretrained(tmp)
     processor.save_pretrained(tmp)
     g = cfg.generator
@@ -326,8 +325,7 @@ def main(argv=None):
                               "max_turns": g.max_turns},
               "sft_wall_s": round(time.time() - started, 1)}
     (tmp / "sft_report.json").write_text(json.dumps(report, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    replace_dir(tmp, out)
     report["eval"] = greedy_solve_rate(str(out), args.overrides)
     if args.second_task:
         report["stage_c"]["eval"] = greedy_solve_rate(str(out), [], args.second_task)

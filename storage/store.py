@@ -196,7 +196,7 @@ class S3Store:
             _check_key(rel)
             dest = Path(local_dir) / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f".{dest.name}.tmp")
+            tmp = temp_beside(dest)
             self._call("download", join(key, rel), self.client.download_file, self.bucket,
                        self._key(join(key, rel)), str(tmp))
             os.replace(tmp, dest)
