@@ -51,6 +51,7 @@ def main():
     from envs.maze import MazeEnv
     from serve_app import app
     from serving.maze_client import data_url
+    from storage.adapters import ADAPTER_FILES
     from tests.conftest import S3Server
 
     ap = argparse.ArgumentParser()
@@ -76,7 +77,7 @@ def main():
     client = s3.client()
     client.create_bucket(Bucket="adapters")
     for name, folder in folders.items():
-        for f in ("adapter_config.json", "adapter_model.safetensors"):
+        for f in ADAPTER_FILES:
             client.upload_file(str(folder / f), "adapters", f"bench/{name}/{f}")
     env = MazeEnv(cell_px=16)
     image, _ = env.reset(seed=7)
@@ -137,12 +138,13 @@ def start_vllm_server(base: str, base_id: str, names: list[str], s3_client, tmp:
     import torch
 
     from inference.vllm_backend import cpu_env, engine_kwargs
+    from storage.adapters import ADAPTER_FILES
     on_cpu = not torch.cuda.is_available()
     modules = []
     for name in names:
         folder = tmp / "synced" / name
         folder.mkdir(parents=True)
-        for f in ("adapter_config.json", "adapter_model.safetensors"):
+        for f in ADAPTER_FILES:
             s3_client.download_file("adapters", f"bench/{name}/{f}", str(folder / f))
         modules.append(json.dumps({"name": f"{base_id}:{name}", "path": str(folder), "base_model_name": base_id}))
     options = ({"model": base, "served_model_name": base_id, "host": "127.0.0.1", "port": port, "max_model_len": 4096}
