@@ -88,3 +88,18 @@ def test_greedy_maze_episodes_equal_the_hf_server(servers, cfg_and_rows):
                   for name, url in servers.items()}
         assert sum(len(p["answers"]) for p in played["hf"]) > 2 * len(rows)
         assert played["vllm"] == played["hf"], model
+
+
+def test_serve_bench_flags_are_the_engine_arguments_vllm_parses():
+    """bench/serve_bench.py --backends vllm-server hands the serve app's engine arguments to vLLM's
+    own server as command-line flags: vLLM's parser must read them back as the same values."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser  # vLLM 0.26: vllm.entrypoints.openai.cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from bench.serve_bench import cli_flags
+    from inference.vllm_backend import engine_kwargs
+
+    options = {"max_model_len": 4096, "dtype": "float32"} | engine_kwargs(True, 16, 4)
+    parsed = vars(make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "m", *cli_flags(options)]))
+    assert options["enable_chunked_prefill"] is False and options["enable_lora"] is True  # both kinds of flag
+    assert {k: parsed[k] for k in options} == options
