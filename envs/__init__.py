@@ -1,10 +1,10 @@
 """The maze environment, its expert, its action parser and its datasets."""
 import gymnasium as gym
 
-from envs.maze import SIZES, MazeEnv
+from envs.maze import MAZE_IDS, SIZES, MazeEnv
 
-for _env_id, _size in SIZES.items():
+for _env_id, (_size, _trail) in MAZE_IDS.items():
     if _env_id not in gym.registry:
-        gym.register(id=_env_id, entry_point="envs.maze:MazeEnv", kwargs={"size": _size})
+        gym.register(id=_env_id, entry_point="envs.maze:MazeEnv", kwargs={"size": _size, "trail": _trail})
 
 __all__ = ["MazeEnv", "SIZES"]

@@ -18,13 +18,13 @@ import numpy as np
 
 from envs.expert import shortest_path
 from envs.generate import DELTAS
-from envs.maze import SIZES, MazeEnv
+from envs.maze import MAZE_IDS, MazeEnv
 from envs.rows import seed_splits, write_splits
 
 
 def shortest_route(env_id: str) -> int:
     """The fewest moves any maze of the env needs: start and goal are opposite inner corners."""
-    return 2 * (SIZES[env_id] - 3)
+    return 2 * (MAZE_IDS[env_id][0] - 3)
 
 
 def make_rows(env_id: str, seed_start: int, count: int, max_turns: int, solvable_only: bool,
@@ -36,7 +36,7 @@ def make_rows(env_id: str, seed_start: int, count: int, max_turns: int, solvable
     if solvable_only and shortest + 1 > max_turns:
         raise ValueError(f"no {env_id} maze is solvable within max_turns={max_turns}: every route needs at least "
                          f"{shortest} moves plus the stop; raise generator.max_turns or set data.solvable_only=false")
-    env = MazeEnv(size=SIZES[env_id], cell_px=4, max_turns=max_turns)
+    env = MazeEnv(size=MAZE_IDS[env_id][0], cell_px=4, max_turns=max_turns)
     rows, seed = [], seed_start
     room = None if long_route_share is None else {True: round(long_route_share * count)}
     if room is not None:

@@ -4,6 +4,10 @@ One action a turn. A move into a wall leaves the agent where it is ("Cannot move
 an answer that holds no valid action uses up the turn with feedback and reward 0. The only
 reward is 1.0 for `stop` on the goal; `stop` anywhere else ends the episode with 0. After
 `max_turns` turns the episode is truncated.
+
+visrl's trail variants (`maze_2d/easy_trail`, `maze_2d/hard_trail`): the same mazes, and every cell
+the agent has left is tinted in the picture, so one picture shows where the agent has been. Without
+it a greedy agent that steps into a side branch can pace between two cells until its turns run out.
 """
 from __future__ import annotations
 
@@ -14,9 +18,12 @@ from envs.actions import ACTIONS, MOVES, parse_action
 from envs.base import StopToWinEnv
 from envs.expert import optimal_moves
 from envs.generate import DELTAS, corner_pair, wilson_maze
-from envs.render import draw_agent, render_background, render_text
+from envs.render import draw_agent, mark_trail, render_background, render_text
 
 SIZES = {"maze_2d/easy": 9, "maze_2d/hard": 11}
+TRAIL_SUFFIX = "_trail"
+MAZE_IDS = {env_id + suffix: (size, suffix == TRAIL_SUFFIX) for env_id, size in SIZES.items()
+            for suffix in ("", TRAIL_SUFFIX)}  # env id -> (size, trail)
 
 INVALID_ACTION = ("Invalid action. Answer with one of <action>right</action>, <action>up</action>, "
                   "<action>left</action>, <action>down</action> or <action>stop</action>.")
@@ -28,7 +35,7 @@ class MazeEnv(StopToWinEnv):
     invalid_feedback = INVALID_ACTION
 
     def __init__(self, size: int = 9, cell_px: int = 32, max_turns: int = 15,
-                 render_mode: str = "rgb_array"):
+                 render_mode: str = "rgb_array", trail: bool = False):
         if size < 5 or size % 2 == 0:
             raise ValueError(f"maze size must be odd and >= 5, got {size}")
         if cell_px < 4:
@@ -38,6 +45,7 @@ class MazeEnv(StopToWinEnv):
         if render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
         self.size, self.cell_px, self.max_turns, self.render_mode = size, cell_px, max_turns, render_mode
+        self.trail = trail
         side = size * cell_px
         self.observation_space = spaces.Box(0, 255, (side, side, 3), dtype=np.uint8)
         # Also accepted by step(): model text, VisGym tuples and action names (see envs.actions).
@@ -53,8 +61,10 @@ class MazeEnv(StopToWinEnv):
         else:
             self.maze = wilson_maze(self.size, self.np_random)
             self.agent, self.target = corner_pair(self.size, self.np_random)
-            self.turn = 0
+            self.turn, self.left = 0, []
         self._background = render_background(self.maze, self.target, self.cell_px)
+        for cell in self.left:
+            self._tint(cell)
         self.feedback = ""
         return self.observation(), self.info(valid=True)
 
@@ -69,8 +79,15 @@ class MazeEnv(StopToWinEnv):
         nxt = (self.agent[0] + dr, self.agent[1] + dc)
         if self.maze[nxt] == 1:  # the outer ring is wall, so nxt never leaves the grid
             return WALL_HIT
+        if self.agent not in self.left:
+            self.left.append(self.agent)
+            self._tint(self.agent)
         self.agent = nxt
         return f"Moved {name}."
+
+    def _tint(self, cell) -> None:
+        if self.trail and tuple(cell) != tuple(self.target):  # the goal stays red
+            mark_trail(self._background, cell, self.cell_px)
 
     def at_goal(self) -> bool:
         return self.agent == self.target
@@ -87,7 +104,7 @@ class MazeEnv(StopToWinEnv):
     def get_state(self) -> dict:
         """Everything needed to rebuild this moment: reset(options={"init_state": state})."""
         return {"maze": self.maze.tolist(), "agent": list(self.agent), "target": list(self.target),
-                "turn": self.turn}
+                "turn": self.turn, "left": [list(cell) for cell in self.left]}
 
     def _load_state(self, state: dict):
         maze = np.asarray(state["maze"], dtype=np.int8)
@@ -97,6 +114,7 @@ class MazeEnv(StopToWinEnv):
         self.agent = tuple(int(v) for v in state["agent"])
         self.target = tuple(int(v) for v in state["target"])
         self.turn = int(state.get("turn", 0))
+        self.left = [tuple(int(v) for v in cell) for cell in state.get("left", [])]
 
     def observation(self):
         return draw_agent(self._background, self.agent, self.cell_px)

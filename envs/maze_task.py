@@ -1,4 +1,5 @@
-"""The visual maze (envs/maze.py) behind the environment interface: maze_2d/easy and maze_2d/hard."""
+"""The visual maze (envs/maze.py) behind the environment interface: maze_2d/easy and maze_2d/hard,
+and their trail variants (the cells the agent has left tinted)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,14 +17,14 @@ ROW_KEYS = ("seed", "env_id", "maze", "start", "goal")
 class MazeTask(Environment):
     instruction = INSTRUCTION
 
-    def __init__(self, name: str, size: int):
-        self.name, self.size = name, size
+    def __init__(self, name: str, size: int, trail: bool = False):
+        self.name, self.size, self.trail = name, size, trail
 
     def picture_size(self, cell_px: int) -> tuple[int, int]:
         return self.size * cell_px, self.size * cell_px
 
     def make_env(self, cell_px: int, max_turns: int) -> MazeEnv:
-        return MazeEnv(self.size, cell_px, max_turns)
+        return MazeEnv(self.size, cell_px, max_turns, trail=self.trail)
 
     def init_state(self, row: dict) -> dict:
         return init_state(row)

@@ -49,11 +49,11 @@ def get_environment(name: str) -> Environment:
 
 
 def _builtin() -> None:
-    from envs.maze import SIZES
+    from envs.maze import MAZE_IDS
     from envs.maze_task import MazeTask
     from envs.sliding_block_task import SHUFFLES, SlidingBlockTask
-    for env_id, size in SIZES.items():
-        register(MazeTask(env_id, size))
+    for env_id, (size, trail) in MAZE_IDS.items():
+        register(MazeTask(env_id, size, trail))
     for env_id in SHUFFLES:
         register(SlidingBlockTask(env_id))
 

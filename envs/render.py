@@ -9,6 +9,7 @@ FLOOR_RGB = (255, 255, 255)
 WALL_RGB = (169, 169, 169)
 GOAL_RGB = (255, 0, 0)
 AGENT_RGB = (0, 0, 255)
+TRAIL_RGB = (255, 215, 120)  # visrl's trail variant: a cell the agent has left
 
 
 def render_background(maze: np.ndarray, target, cell_px: int) -> np.ndarray:
@@ -23,6 +24,12 @@ def _disc(cell_px: int) -> np.ndarray:
     # Pixel centres within a quarter cell of the cell centre (VisGym's radius).
     centres = np.arange(cell_px) + 0.5 - cell_px / 2
     return centres[:, None] ** 2 + centres[None, :] ** 2 <= (cell_px / 4) ** 2
+
+
+def mark_trail(background: np.ndarray, cell, cell_px: int) -> None:
+    """Tint a floor cell the agent has left (in place)."""
+    r, c = int(cell[0]) * cell_px, int(cell[1]) * cell_px
+    background[r:r + cell_px, c:c + cell_px] = TRAIL_RGB
 
 
 def draw_agent(background: np.ndarray, agent, cell_px: int) -> np.ndarray:

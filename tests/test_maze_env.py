@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import envs  # noqa: F401  (registers maze_2d/easy and maze_2d/hard)
+import envs  # noqa: F401  (registers maze_2d/easy, maze_2d/hard and their trail variants)
 from envs.actions import ACTIONS, MOVES
 from envs.expert import branch_size, expert_actions, optimal_moves
 from envs.generate import DELTAS
 from envs.maze import INVALID_ACTION, WALL_HIT, MazeEnv
-from envs.render import AGENT_RGB, FLOOR_RGB, GOAL_RGB, WALL_RGB
+from envs.render import AGENT_RGB, FLOOR_RGB, GOAL_RGB, TRAIL_RGB, WALL_RGB
 
 seeds = st.integers(min_value=0, max_value=2**31 - 1)
 sizes = st.sampled_from([9, 11])
@@ -199,3 +199,36 @@ def test_branches_around_a_cell_of_a_perfect_maze_partition_the_rest(seed, size)
     cell = floor[seed % len(floor)]
     sizes = [branch_size(env.maze, cell, (cell[0] + dr, cell[1] + dc)) for dr, dc in DELTAS]
     assert sum(sizes) == len(floor) - 1  # a tree: every other cell lies behind exactly one neighbour
+
+
+def cell_colour(image, cell, px=16):
+    return tuple(image[cell[0] * px + 1, cell[1] * px + 1])  # a corner pixel: the agent's disc leaves it
+
+
+def test_trail_variant_tints_the_cells_left_and_survives_a_state_round_trip():
+    from envs.registry import get_environment
+    trail, plain = get_environment("maze_2d/hard_trail"), get_environment("maze_2d/hard")
+    row = trail.make_rows(1_000_000, 1, 49)[0]
+    assert row["maze"] == plain.make_rows(1_000_000, 1, 49)[0]["maze"]  # the same mazes, seed for seed
+    env, bare = trail.make_env(16, 49), plain.make_env(16, 49)
+    env.reset(options={"init_state": trail.init_state(row)})
+    bare.reset(options={"init_state": plain.init_state(row)})
+    route = [m for m in expert_actions(env.maze, env.agent, env.target) if m != "stop"]
+    visited = [env.agent]
+    for move in route[:3]:
+        obs, *_ = env.step(f"<action>{move}</action>")
+        bare_obs, *_ = bare.step(f"<action>{move}</action>")
+        visited.append(env.agent)
+    assert [cell_colour(obs, c) for c in visited[:3]] == [TRAIL_RGB] * 3
+    assert [cell_colour(bare_obs, c) for c in visited[:3]] == [FLOOR_RGB] * 3  # the VisGym picture is untouched
+    assert cell_colour(obs, visited[3]) == FLOOR_RGB  # where the agent stands is not yet left
+    wall = next(m for m in MOVES if env.maze[env.agent[0] + DELTAS[MOVES.index(m)][0],
+                                              env.agent[1] + DELTAS[MOVES.index(m)][1]] == 1)
+    assert (env.step(f"<action>{wall}</action>")[0] == obs).all()  # a wall hit leaves nothing new
+    again = trail.make_env(16, 49)
+    assert (again.reset(options={"init_state": env.get_state()})[0] == obs).all()
+    for move in route[3:]:
+        obs, *_ = env.step(f"<action>{move}</action>")
+    back = {"right": "left", "left": "right", "up": "down", "down": "up"}[route[-1]]
+    obs, *_ = env.step(f"<action>{back}</action>")  # off the goal again: it stays red
+    assert cell_colour(obs, env.target) == GOAL_RGB
