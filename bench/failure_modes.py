@@ -22,7 +22,7 @@ def main():
     from envs.actions import parse_action
     from envs.dataset import init_state
     from envs.expert import branch_size
-    from envs.maze import SIZES, MazeEnv
+    from envs.maze import MAZE_IDS, MazeEnv
     from envs.rows import load_rows
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,7 +35,7 @@ def main():
     for line in Path(args.per_maze).read_text().splitlines():
         record = json.loads(line)
         row = rows[record["seed"]]
-        env = MazeEnv(SIZES[row["env_id"]], max_turns=len(record["answers"]) or 1)
+        env = MazeEnv(MAZE_IDS[row["env_id"]][0], max_turns=len(record["answers"]) or 1)
         env.reset(options={"init_state": init_state(row)})
         previous, errors, cells, first = None, [], [], None
         for turn, answer in enumerate(record["answers"], 1):
