@@ -12,7 +12,9 @@ the command again resumes each seed from its last checkpoint (a finished seed st
 the wall time adds up its invocations. `--heldout FILE` also evaluates each seed's final adapter (and
 the one its validation set chose) on another eval set (greedy, `driver.py --eval-only`; not counted
 in the wall time); `--no-run` only reports on the seeds' folders. Solve rates are split by the
-mazes' optimal route length.
+mazes' optimal route length. `{seed}` in an override stands for the seed: a curriculum's later stage
+starts each seed from that seed's own earlier stage, e.g.
+`trainer.policy.model.lora.init_from=runs/seeds/easy/seed_{seed}/exports/global_step_64/policy`.
 """
 import argparse
 import json
@@ -48,7 +50,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def seed_args(seed: int, folder: Path, config: str | None, overrides: list[str]) -> list[str]:
     """driver.py's arguments for one seed, everything it writes inside its folder."""
-    return ([f"--config={config}"] if config else []) + list(overrides) + [
+    return ([f"--config={config}"] if config else []) + [o.replace("{seed}", str(seed)) for o in overrides] + [
         f"trainer.seed={seed}", f"trainer.run_dir={folder}", f"trainer.ckpt_path={folder}/ckpts",
         f"trainer.export_path={folder}/exports", f"data.dataset_dir={folder}/data"]
 

@@ -5,9 +5,12 @@ an answer that holds no valid action uses up the turn with feedback and reward 0
 reward is 1.0 for `stop` on the goal; `stop` anywhere else ends the episode with 0. After
 `max_turns` turns the episode is truncated.
 
-visrl's trail variants (`maze_2d/easy_trail`, `maze_2d/hard_trail`): the same mazes, and every cell
-the agent has left is tinted in the picture, so one picture shows where the agent has been. Without
-it a greedy agent that steps into a side branch can pace between two cells until its turns run out.
+visrl's trail variants (`maze_2d/easy_trail`, `maze_2d/hard_trail`): the same mazes, rules and
+reward; in the picture every cell the agent has left is tinted and every wall it has run into is
+darkened, so one picture shows where the agent has been and what it has tried. Without the tint a
+greedy agent that steps into a side branch can pace between two cells until its turns run out;
+without the dark wall a wall hit leaves the picture as it was, and a greedy agent answers the same
+move again until its turns run out.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from envs.actions import ACTIONS, MOVES, parse_action
 from envs.base import StopToWinEnv
 from envs.expert import optimal_moves
 from envs.generate import DELTAS, corner_pair, wilson_maze
-from envs.render import draw_agent, mark_trail, render_background, render_text
+from envs.render import BUMP_RGB, TRAIL_RGB, draw_agent, paint_cell, render_background, render_text
 
 SIZES = {"maze_2d/easy": 9, "maze_2d/hard": 11}
 TRAIL_SUFFIX = "_trail"
@@ -61,10 +64,12 @@ class MazeEnv(StopToWinEnv):
         else:
             self.maze = wilson_maze(self.size, self.np_random)
             self.agent, self.target = corner_pair(self.size, self.np_random)
-            self.turn, self.left = 0, []
+            self.turn, self.left, self.bumped = 0, [], []
         self._background = render_background(self.maze, self.target, self.cell_px)
         for cell in self.left:
-            self._tint(cell)
+            self._tint(cell, TRAIL_RGB)
+        for wall in self.bumped:
+            self._tint(wall, BUMP_RGB)
         self.feedback = ""
         return self.observation(), self.info(valid=True)
 
@@ -78,16 +83,19 @@ class MazeEnv(StopToWinEnv):
         dr, dc = DELTAS[MOVES.index(name)]
         nxt = (self.agent[0] + dr, self.agent[1] + dc)
         if self.maze[nxt] == 1:  # the outer ring is wall, so nxt never leaves the grid
+            if nxt not in self.bumped:
+                self.bumped.append(nxt)
+                self._tint(nxt, BUMP_RGB)
             return WALL_HIT
         if self.agent not in self.left:
             self.left.append(self.agent)
-            self._tint(self.agent)
+            self._tint(self.agent, TRAIL_RGB)
         self.agent = nxt
         return f"Moved {name}."
 
-    def _tint(self, cell) -> None:
+    def _tint(self, cell, colour) -> None:
         if self.trail and tuple(cell) != tuple(self.target):  # the goal stays red
-            mark_trail(self._background, cell, self.cell_px)
+            paint_cell(self._background, cell, self.cell_px, colour)
 
     def at_goal(self) -> bool:
         return self.agent == self.target
@@ -104,7 +112,8 @@ class MazeEnv(StopToWinEnv):
     def get_state(self) -> dict:
         """Everything needed to rebuild this moment: reset(options={"init_state": state})."""
         return {"maze": self.maze.tolist(), "agent": list(self.agent), "target": list(self.target),
-                "turn": self.turn, "left": [list(cell) for cell in self.left]}
+                "turn": self.turn, "left": [list(cell) for cell in self.left],
+                "bumped": [list(cell) for cell in self.bumped]}
 
     def _load_state(self, state: dict):
         maze = np.asarray(state["maze"], dtype=np.int8)
@@ -115,6 +124,7 @@ class MazeEnv(StopToWinEnv):
         self.target = tuple(int(v) for v in state["target"])
         self.turn = int(state.get("turn", 0))
         self.left = [tuple(int(v) for v in cell) for cell in state.get("left", [])]
+        self.bumped = [tuple(int(v) for v in cell) for cell in state.get("bumped", [])]
 
     def observation(self):
         return draw_agent(self._background, self.agent, self.cell_px)

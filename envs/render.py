@@ -10,6 +10,7 @@ WALL_RGB = (169, 169, 169)
 GOAL_RGB = (255, 0, 0)
 AGENT_RGB = (0, 0, 255)
 TRAIL_RGB = (255, 215, 120)  # visrl's trail variant: a cell the agent has left
+BUMP_RGB = (90, 50, 20)  # visrl's trail variant: a wall the agent has run into
 
 
 def render_background(maze: np.ndarray, target, cell_px: int) -> np.ndarray:
@@ -26,10 +27,10 @@ def _disc(cell_px: int) -> np.ndarray:
     return centres[:, None] ** 2 + centres[None, :] ** 2 <= (cell_px / 4) ** 2
 
 
-def mark_trail(background: np.ndarray, cell, cell_px: int) -> None:
-    """Tint a floor cell the agent has left (in place)."""
+def paint_cell(background: np.ndarray, cell, cell_px: int, colour) -> None:
+    """Paint one whole cell (in place): the trail variant's cells left and walls run into."""
     r, c = int(cell[0]) * cell_px, int(cell[1]) * cell_px
-    background[r:r + cell_px, c:c + cell_px] = TRAIL_RGB
+    background[r:r + cell_px, c:c + cell_px] = colour
 
 
 def draw_agent(background: np.ndarray, agent, cell_px: int) -> np.ndarray:

@@ -12,7 +12,7 @@ from envs.actions import ACTIONS, MOVES
 from envs.expert import branch_size, expert_actions, optimal_moves
 from envs.generate import DELTAS
 from envs.maze import INVALID_ACTION, WALL_HIT, MazeEnv
-from envs.render import AGENT_RGB, FLOOR_RGB, GOAL_RGB, TRAIL_RGB, WALL_RGB
+from envs.render import AGENT_RGB, BUMP_RGB, FLOOR_RGB, GOAL_RGB, TRAIL_RGB, WALL_RGB
 
 seeds = st.integers(min_value=0, max_value=2**31 - 1)
 sizes = st.sampled_from([9, 11])
@@ -205,7 +205,7 @@ def cell_colour(image, cell, px=16):
     return tuple(image[cell[0] * px + 1, cell[1] * px + 1])  # a corner pixel: the agent's disc leaves it
 
 
-def test_trail_variant_tints_the_cells_left_and_survives_a_state_round_trip():
+def test_trail_variant_tints_the_cells_left_and_the_walls_hit_and_survives_a_state_round_trip():
     from envs.registry import get_environment
     trail, plain = get_environment("maze_2d/hard_trail"), get_environment("maze_2d/hard")
     row = trail.make_rows(1_000_000, 1, 49)[0]
@@ -224,7 +224,14 @@ def test_trail_variant_tints_the_cells_left_and_survives_a_state_round_trip():
     assert cell_colour(obs, visited[3]) == FLOOR_RGB  # where the agent stands is not yet left
     wall = next(m for m in MOVES if env.maze[env.agent[0] + DELTAS[MOVES.index(m)][0],
                                               env.agent[1] + DELTAS[MOVES.index(m)][1]] == 1)
-    assert (env.step(f"<action>{wall}</action>")[0] == obs).all()  # a wall hit leaves nothing new
+    wall_cell = (env.agent[0] + DELTAS[MOVES.index(wall)][0], env.agent[1] + DELTAS[MOVES.index(wall)][1])
+    hit, *_ = env.step(f"<action>{wall}</action>")
+    bare_hit, *_ = bare.step(f"<action>{wall}</action>")
+    assert cell_colour(hit, wall_cell) == BUMP_RGB and cell_colour(bare_hit, wall_cell) == WALL_RGB
+    assert ((hit != obs).any(axis=2) == np.isin(np.arange(11 * 16) // 16, wall_cell[0])[:, None]
+            & np.isin(np.arange(11 * 16) // 16, wall_cell[1])[None, :]).all()  # only that wall changed
+    assert (env.step(f"<action>{wall}</action>")[0] == hit).all()  # the same wall again: nothing new
+    obs = hit
     again = trail.make_env(16, 49)
     assert (again.reset(options={"init_state": env.get_state()})[0] == obs).all()
     for move in route[3:]:
