@@ -12,9 +12,8 @@ import io
 import numpy as np
 from PIL import Image
 
-from envs.dataset import init_state
-from envs.maze import MazeEnv
 from envs.prompt import INSTRUCTION
+from envs.registry import get_environment
 from vlm.chat import context_span
 
 
@@ -40,9 +39,11 @@ def messages_for(texts: list[str], answers: list[str], images: list[np.ndarray],
 
 def play(chat, model: str, row: dict, cell_px: int, max_turns: int, window: int, pictures: int,
          max_tokens: int = 8) -> dict:
-    """One greedy episode through `chat(model, messages, max_tokens) -> answer text`."""
-    env = MazeEnv(size=len(row["maze"]), cell_px=cell_px, max_turns=max_turns)
-    image, _ = env.reset(options={"init_state": init_state(row)})
+    """One greedy episode through `chat(model, messages, max_tokens) -> answer text`, in the row's own
+    environment (its env_id: a trail row is played with the trail's pictures)."""
+    task = get_environment(row["env_id"])
+    env = task.make_env(cell_px, max_turns)
+    image, _ = env.reset(options={"init_state": task.init_state(row)})
     texts, answers, images, reward = [""], [], [image], 0.0
     for _ in range(max_turns):
         answer = chat(model, messages_for(texts, answers, images, window, pictures), max_tokens)

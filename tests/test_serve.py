@@ -305,7 +305,8 @@ def test_adapters_from_a_local_s3_server(server, tiny_model_dir, adapters, s3_se
 
 def test_a_maze_played_through_the_api_makes_the_eval_harness_moves(server, tmp_path):
     """The served agent and the eval harness see the same chat, so greedy answers match move for move.
-    The shipped base plays (a random tiny model's garbage text does not survive a text round trip)."""
+    The shipped base plays (a random tiny model's garbage text does not survive a text round trip), on
+    trail mazes: the client must draw the row's own pictures (the cells left tinted) as the harness does."""
     from ray import serve
 
     from actors.local import evaluate_locally
@@ -316,9 +317,11 @@ def test_a_maze_played_through_the_api_makes_the_eval_harness_moves(server, tmp_
     base = str(ROOT / "assets" / "maze-vl-base")
     serve.run(app({"base_model": base, "cache_dir": str(tmp_path / "cache")}), name="maze", route_prefix="/maze",
               blocking=False)
-    cfg = load_config(None, [f"trainer.run_dir={tmp_path}", f"data.dataset_dir={tmp_path}/data", "data.eval_size=6"])
+    cfg = load_config(None, [f"trainer.run_dir={tmp_path}", f"data.dataset_dir={tmp_path}/data", "data.eval_size=6",
+                             "environment.env_class=maze_2d/easy_trail"])
     _, rows = load_datasets(cfg)
     harness = evaluate_locally(cfg, rows)
+    assert max(m["turns"] for m in harness.per_row) > 2  # moves enough to leave a trail behind
     chat = openai_chat(f"{server}/maze/v1")
     played = [play_as_configured(chat, "maze-vl-base", row, cfg) for row in rows]
     serve.delete("maze")
