@@ -29,6 +29,9 @@ class GiGPOConfig:
     """`trainer.algorithm.gigpo`: the paper's defaults (verl-agent's `algorithm.gigpo`, `algorithm.gamma`)."""
     step_advantage_w: float = 1.0  # weight of the step-level advantage
     gamma: float = 0.95  # discount of the step-level returns
+    # visrl: taken off the step-level reward of a turn that leaves the env's state as it was (a wall
+    # hit, an answer that is no action); episode scores stay the env's own rewards
+    stay_penalty: float = 0.0
 
 
 @dataclass
@@ -127,6 +130,15 @@ def discounted_returns(rewards, gamma: float) -> np.ndarray:
     return out
 
 
+def step_rewards(turns, stay_penalty: float) -> list[float]:
+    """Each turn's env reward, less `stay_penalty` where the next turn starts from the same state: a
+    greedy agent that repeats a move into a wall sees the same input again and loops until its turns
+    run out, and in a group where every episode fails the env's rewards alone say nothing about it.
+    The last turn has no next state and is never penalised."""
+    return [t.reward - (stay_penalty if k + 1 < len(turns) and turns[k + 1].state == t.state else 0.0)
+            for k, t in enumerate(turns)]
+
+
 @_register(ADVANTAGE_ESTIMATORS, "gigpo")
 def gigpo_advantages(cfg: AlgorithmConfig, episodes) -> list[np.ndarray]:
     """GiGPO (Feng et al. 2025, arXiv 2505.10978): the episode-level group advantage of GRPO plus
@@ -135,7 +147,7 @@ def gigpo_advantages(cfg: AlgorithmConfig, episodes) -> list[np.ndarray]:
     in one episode included) form a step group; each turn's discounted return (`gigpo.gamma`) is
     compared with its step group's, normalised like the episode level (`grpo_norm_by_std`)."""
     episode_adv = group_relative([ep.reward for ep in episodes], [ep.group for ep in episodes], cfg.grpo_norm_by_std)
-    returns = [discounted_returns([t.reward for t in ep.turns], cfg.gigpo.gamma) for ep in episodes]
+    returns = [discounted_returns(step_rewards(ep.turns, cfg.gigpo.stay_penalty), cfg.gigpo.gamma) for ep in episodes]
     keys = [(ep.group, t.state) for ep in episodes for t in ep.turns]
     step_adv = group_relative(np.concatenate(returns) if returns else [], keys, cfg.grpo_norm_by_std)
     out, i = [], 0

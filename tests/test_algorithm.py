@@ -97,6 +97,24 @@ def test_gigpo_prefers_the_shorter_of_two_successes():
     assert s[0] > 0 and l_[0] < 0 and l_[2] > l_[0]  # from (1,1): the turn that goes straight on wins
 
 
+def test_gigpo_stay_penalty_gives_a_group_of_failures_a_signal_against_the_repeated_wall_hit():
+    """Both episodes fail: without the penalty every advantage is zero. With it, B's two turns that
+    stay on (1, 1) (wall hits) lose against A's move away from it; the episode level stays zero."""
+    A = walk("A", 0, [(1, 1), (1, 2), (1, 3)], 0.0)
+    B = walk("B", 0, [(1, 1), (1, 1), (1, 1)], 0.0)
+    cfg = AlgorithmConfig(advantage_estimator="gigpo", grpo_norm_by_std=False)
+    cfg.gigpo.gamma = 0.5
+    assert not np.any(np.concatenate(compute_advantages(cfg, [A, B])))
+    cfg.gigpo.stay_penalty = 0.1
+    a, b = compute_advantages(cfg, [A, B])
+    # returns: A 0, 0, 0; B -0.1 - 0.05, -0.1, 0 (its last turn has no next state)
+    # step group (1,1): A turn 0 and B's three: mean -0.25 / 4
+    m = -0.25 / 4
+    np.testing.assert_allclose(a, [0 - m, 0, 0])
+    np.testing.assert_allclose(b, [-0.15 - m, -0.1 - m, 0 - m])
+    assert a[0] > 0 > b[0]
+
+
 def test_per_turn_advantages_reach_exactly_their_turns_tokens():
     from rl.batch import build_items
     A = walk("A", 0, [(1, 1), (1, 2), (1, 1), (1, 3)], 1.0)
