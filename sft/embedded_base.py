@@ -286,8 +286,11 @@ def main(argv=None):
     ap.add_argument("--perception-cache", metavar="DIR",
                     help="reuse (or save) the model after stage A here: iterate on stage B without redoing A")
     ap.add_argument("overrides", nargs="*", help="config overrides; the chat format (context window, pictures, "
-                                                 "max_turns) comes from configs/default.yaml")
+                                                 "max_turns) comes from configs/default.yaml, the task is "
+                                                 "maze_2d/easy unless one names another")
     args = ap.parse_args(argv)
+    # the shipped base learned VisGym's own picture; the trail the default trains on is RL's (configs/default.yaml)
+    args.overrides = ["environment.env_class=maze_2d/easy", *args.overrides]
     cfg = load_config(None, args.overrides)
 
     torch.set_num_threads(args.threads)

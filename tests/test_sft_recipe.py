@@ -13,12 +13,12 @@ from sft.embedded_base import expert_turns
 from vlm.load import load_processor
 
 
-@pytest.mark.parametrize("config, env_id", [(None, "maze_2d/easy"), ("configs/sliding_block.yaml", "sliding_block/easy")])
+@pytest.mark.parametrize("config, env_id", [(None, "maze_2d/easy"), (None, "maze_2d/easy_trail"),
+                                             ("configs/sliding_block.yaml", "sliding_block/easy")])
 def test_expert_episodes_teach_only_the_experts_answers(config, env_id):
     embedded_processor = load_processor("assets/maze-vl-base")
-    cfg = load_config(config, [])
+    cfg = load_config(config, [f"environment.env_class={env_id}"])
     task = get_environment(env_id)
-    assert cfg.environment.env_class == env_id
     prompter = task_prompter(embedded_processor, task, cfg.environment.cell_px)
     tok = embedded_processor.tokenizer
     for seed in range(6):
