@@ -4,14 +4,15 @@ time; with a validation set, the eval solve rate of the adapter it chose) and se
 eval curve a seed.
 
     python bench/seeds.py --seeds 0 1 2 [--parallel 1] [--name default] [--config FILE]
-                          [--heldout runs/heldout/eval.jsonl] [--no-run] [key=value ...]
+                          [--heldout runs/heldout/eval.jsonl ...] [--no-run] [key=value ...]
 
 Sequential by default (the 2-core CPU has room for one run); `--parallel K` runs K at once where a
 GPU has room. Each seed writes runs/seeds/<name>/seed_<S>/ (metrics.jsonl, eval/, ...); running
 the command again resumes each seed from its last checkpoint (a finished seed stops at once), and
 the wall time adds up its invocations. `--heldout FILE` also evaluates each seed's final adapter (and
 the one its validation set chose) on another eval set (greedy, `driver.py --eval-only`; not counted
-in the wall time); `--no-run` only reports on the seeds' folders. Solve rates are split by the
+in the wall time); given again, on each set it names (columns held-out, held-out 2, ...); `--no-run`
+only reports on the seeds' folders. Solve rates are split by the
 mazes' optimal route length. `{seed}` in an override stands for the seed: a curriculum's later stage
 starts each seed from that seed's own earlier stage, e.g.
 `trainer.policy.model.lora.init_from=runs/seeds/easy/seed_{seed}/exports/global_step_64/policy`.
@@ -63,7 +64,12 @@ def eval_adapter(args: list[str], adapter: Path, eval_set: str | Path, out: Path
     return read_jsonl(out / "eval_only.jsonl")
 
 
-def run_seed(seed: int, folder: Path, config: str | None, overrides: list[str], heldout: str | None = None,
+def heldout_key(i: int) -> str:
+    """The result key (and run subfolder) of the i-th held-out set: heldout, heldout2, heldout3, ..."""
+    return "heldout" if i == 0 else f"heldout{i + 1}"
+
+
+def run_seed(seed: int, folder: Path, config: str | None, overrides: list[str], heldout: list[str] = (),
              run: bool = True) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     args = seed_args(seed, folder, config, overrides)
@@ -90,11 +96,13 @@ def run_seed(seed: int, folder: Path, config: str | None, overrides: list[str], 
                    "chosen_by_length": by_length(read_jsonl(folder / "eval" / f"step_{chosen:05d}.jsonl"))}
     if heldout:
         final = max((folder / "adapters").glob("v*"), key=lambda p: int(p.name[1:]))
-        adapters = {"heldout": final} | ({"heldout_chosen": folder / "exports" / "best" / "policy"} if chosen else {})
-        for key, adapter in adapters.items():
-            per_maze = eval_adapter(args, adapter, heldout, folder / key, folder / f"{key}.log")
-            result |= {key: sum(m["solved"] for m in per_maze) / len(per_maze), f"{key}_by_length": by_length(per_maze)}
         result["heldout_adapter"] = final.name
+    for i, eval_set in enumerate(heldout):
+        name = heldout_key(i)
+        adapters = {name: final} | ({f"{name}_chosen": folder / "exports" / "best" / "policy"} if chosen else {})
+        for key, adapter in adapters.items():
+            per_maze = eval_adapter(args, adapter, eval_set, folder / key, folder / f"{key}.log")
+            result |= {key: sum(m["solved"] for m in per_maze) / len(per_maze), f"{key}_by_length": by_length(per_maze)}
     return result
 
 
@@ -127,7 +135,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--name", default="default", help="runs/seeds/<name>/")
     ap.add_argument("--config")
-    ap.add_argument("--heldout", metavar="FILE", help="also evaluate each seed's final adapter on this eval .jsonl")
+    ap.add_argument("--heldout", metavar="FILE", action="append", default=[],
+                    help="also evaluate each seed's final adapter on this eval .jsonl (may be given again)")
     ap.add_argument("--no-run", action="store_true", help="only report on the seeds' run folders")
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     return parse_with_overrides(ap, argv)
@@ -150,9 +159,11 @@ def main():
     # (title, the result's key, its route-length split): columns a seed has only with a validation set
     # (chosen) or --heldout are printed when every seed has them
     columns = [("base", "base", None), ("best (step)", "best", None), ("final (step)", "final", "final_by_length"),
-               ("chosen by validation (step)", "chosen", "chosen_by_length"),
-               ("held-out, final adapter", "heldout", "heldout_by_length"),
-               ("held-out, chosen adapter", "heldout_chosen", "heldout_chosen_by_length")]
+               ("chosen by validation (step)", "chosen", "chosen_by_length")]
+    for i in range(len(args.heldout)):
+        title, key = f"held-out{f' {i + 1}' if i else ''}", heldout_key(i)
+        columns += [(f"{title}, final adapter", key, f"{key}_by_length"),
+                    (f"{title}, chosen adapter", f"{key}_chosen", f"{key}_chosen_by_length")]
     columns = [c for c in columns if all(c[1] in r for r in results)]
     steps = {"best": "best_step", "final": "final_step", "chosen": "chosen_step"}
 
