@@ -11,6 +11,14 @@ darkened, so one picture shows where the agent has been and what it has tried. W
 greedy agent that steps into a side branch can pace between two cells until its turns run out;
 without the dark wall a wall hit leaves the picture as it was, and a greedy agent answers the same
 move again until its turns run out.
+
+The marks variants (`maze_2d/easy_marks`, `maze_2d/hard_marks`) also paint a cell in a darker tint
+once the agent has walked back out of it, toward the cell it first came into it from. The maze is a
+tree, so those are the cells of branches given up, while the way from the start stays tinted once:
+Tremaux's rule (take an untinted cell, else one tinted once) becomes something a policy that reads
+only the picture can follow, and it explores the whole maze without pacing. With the single tint,
+every cell around an agent that has walked back looks the same, and a greedy agent paces between two
+of them (tests/test_maze_env.py plays the rule on both pictures).
 """
 from __future__ import annotations
 
@@ -21,12 +29,12 @@ from envs.actions import ACTIONS, MOVES, parse_action
 from envs.base import StopToWinEnv
 from envs.expert import optimal_moves
 from envs.generate import DELTAS, corner_pair, wilson_maze
-from envs.render import BUMP_RGB, TRAIL_RGB, draw_agent, paint_cell, render_background, render_text
+from envs.render import BUMP_RGB, MARK_RGB, TRAIL_RGB, draw_agent, paint_cell, render_background, render_text
 
 SIZES = {"maze_2d/easy": 9, "maze_2d/hard": 11}
-TRAIL_SUFFIX = "_trail"
-MAZE_IDS = {env_id + suffix: (size, suffix == TRAIL_SUFFIX) for env_id, size in SIZES.items()
-            for suffix in ("", TRAIL_SUFFIX)}  # env id -> (size, trail)
+TRAILS = {"": 0, "_trail": 1, "_marks": 2}  # id suffix -> trail level (MazeEnv's `trail`)
+MAZE_IDS = {env_id + suffix: (size, trail) for env_id, size in SIZES.items()
+            for suffix, trail in TRAILS.items()}  # env id -> (size, trail level)
 
 INVALID_ACTION = ("Invalid action. Answer with one of <action>right</action>, <action>up</action>, "
                   "<action>left</action>, <action>down</action> or <action>stop</action>.")
@@ -38,7 +46,9 @@ class MazeEnv(StopToWinEnv):
     invalid_feedback = INVALID_ACTION
 
     def __init__(self, size: int = 9, cell_px: int = 32, max_turns: int = 15,
-                 render_mode: str = "rgb_array", trail: bool = False):
+                 render_mode: str = "rgb_array", trail: int = 0):
+        """trail: 0 VisGym's picture; 1 cells left tinted and walls hit darkened; 2 also the cells
+        walked back out of in a darker tint."""
         if size < 5 or size % 2 == 0:
             raise ValueError(f"maze size must be odd and >= 5, got {size}")
         if cell_px < 4:
@@ -48,7 +58,9 @@ class MazeEnv(StopToWinEnv):
         if render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
         self.size, self.cell_px, self.max_turns, self.render_mode = size, cell_px, max_turns, render_mode
-        self.trail = trail
+        if trail not in (0, 1, 2):
+            raise ValueError(f"trail must be 0, 1 or 2, got {trail!r}")
+        self.trail = int(trail)
         side = size * cell_px
         self.observation_space = spaces.Box(0, 255, (side, side, 3), dtype=np.uint8)
         # Also accepted by step(): model text, VisGym tuples and action names (see envs.actions).
@@ -64,10 +76,12 @@ class MazeEnv(StopToWinEnv):
         else:
             self.maze = wilson_maze(self.size, self.np_random)
             self.agent, self.target = corner_pair(self.size, self.np_random)
-            self.turn, self.left, self.bumped = 0, [], []
+            self.turn, self.left, self.retreated, self.bumped, self.came_from = 0, [], [], [], {}
         self._background = render_background(self.maze, self.target, self.cell_px)
         for cell in self.left:
             self._tint(cell, TRAIL_RGB)
+        for cell in self.retreated:
+            self._tint(cell, MARK_RGB, level=2)
         for wall in self.bumped:
             self._tint(wall, BUMP_RGB)
         self.feedback = ""
@@ -90,11 +104,16 @@ class MazeEnv(StopToWinEnv):
         if self.agent not in self.left:
             self.left.append(self.agent)
             self._tint(self.agent, TRAIL_RGB)
+        if nxt == self.came_from.get(self.agent) and self.agent not in self.retreated:
+            self.retreated.append(self.agent)
+            self._tint(self.agent, MARK_RGB, level=2)
+        if nxt not in self.came_from and nxt not in self.left:  # a first visit (the start has no entry)
+            self.came_from[nxt] = self.agent
         self.agent = nxt
         return f"Moved {name}."
 
-    def _tint(self, cell, colour) -> None:
-        if self.trail and tuple(cell) != tuple(self.target):  # the goal stays red
+    def _tint(self, cell, colour, level: int = 1) -> None:
+        if self.trail >= level and tuple(cell) != tuple(self.target):  # the goal stays red
             paint_cell(self._background, cell, self.cell_px, colour)
 
     def at_goal(self) -> bool:
@@ -113,6 +132,8 @@ class MazeEnv(StopToWinEnv):
         """Everything needed to rebuild this moment: reset(options={"init_state": state})."""
         return {"maze": self.maze.tolist(), "agent": list(self.agent), "target": list(self.target),
                 "turn": self.turn, "left": [list(cell) for cell in self.left],
+                "retreated": [list(cell) for cell in self.retreated],
+                "came_from": [[*cell, *parent] for cell, parent in self.came_from.items()],
                 "bumped": [list(cell) for cell in self.bumped]}
 
     def _load_state(self, state: dict):
@@ -124,6 +145,8 @@ class MazeEnv(StopToWinEnv):
         self.target = tuple(int(v) for v in state["target"])
         self.turn = int(state.get("turn", 0))
         self.left = [tuple(int(v) for v in cell) for cell in state.get("left", [])]
+        self.retreated = [tuple(int(v) for v in cell) for cell in state.get("retreated", [])]
+        self.came_from = {(int(r), int(c)): (int(pr), int(pc)) for r, c, pr, pc in state.get("came_from", [])}
         self.bumped = [tuple(int(v) for v in cell) for cell in state.get("bumped", [])]
 
     def observation(self):

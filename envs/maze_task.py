@@ -1,5 +1,5 @@
 """The visual maze (envs/maze.py) behind the environment interface: maze_2d/easy and maze_2d/hard,
-and their trail variants (the cells the agent has left tinted)."""
+and their trail and marks variants (the cells the agent has left tinted; left twice, darker)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,7 +17,7 @@ ROW_KEYS = ("seed", "env_id", "maze", "start", "goal")
 class MazeTask(Environment):
     instruction = INSTRUCTION
 
-    def __init__(self, name: str, size: int, trail: bool = False):
+    def __init__(self, name: str, size: int, trail: int = 0):
         self.name, self.size, self.trail = name, size, trail
 
     def picture_size(self, cell_px: int) -> tuple[int, int]:

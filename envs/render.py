@@ -11,6 +11,7 @@ GOAL_RGB = (255, 0, 0)
 AGENT_RGB = (0, 0, 255)
 TRAIL_RGB = (255, 215, 120)  # visrl's trail variant: a cell the agent has left
 BUMP_RGB = (90, 50, 20)  # visrl's trail variant: a wall the agent has run into
+MARK_RGB = (215, 130, 40)  # visrl's marks variant: a cell the agent has walked back out of
 
 
 def render_background(maze: np.ndarray, target, cell_px: int) -> np.ndarray:
@@ -28,7 +29,7 @@ def _disc(cell_px: int) -> np.ndarray:
 
 
 def paint_cell(background: np.ndarray, cell, cell_px: int, colour) -> None:
-    """Paint one whole cell (in place): the trail variant's cells left and walls run into."""
+    """Paint one whole cell (in place): the trail variants' cells left and walls run into."""
     r, c = int(cell[0]) * cell_px, int(cell[1]) * cell_px
     background[r:r + cell_px, c:c + cell_px] = colour
 

@@ -59,7 +59,7 @@ def test_a_users_environment_by_import_path():
     assert get_environment("tests.toy_task:CountTask") is environment
     with pytest.raises(ValueError, match="not a subclass of envs.base.Environment"):
         get_environment("tests.toy_task:CountEnv")
-    known = "maze_2d/easy, maze_2d/easy_trail, maze_2d/hard, maze_2d/hard_trail"
+    known = "maze_2d/easy, maze_2d/easy_marks, maze_2d/easy_trail, maze_2d/hard, maze_2d/hard_marks, maze_2d/hard_trail"
     with pytest.raises(ValueError, match=f"unknown environment 'maze_3d'.*{known}"):
         EnvPool("maze_3d")
 

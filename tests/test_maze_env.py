@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import envs  # noqa: F401  (registers maze_2d/easy, maze_2d/hard and their trail variants)
+import envs  # noqa: F401  (registers maze_2d/easy, maze_2d/hard and their trail and marks variants)
 from envs.actions import ACTIONS, MOVES
 from envs.expert import branch_size, expert_actions, optimal_moves
 from envs.generate import DELTAS
@@ -201,6 +201,9 @@ def test_branches_around_a_cell_of_a_perfect_maze_partition_the_rest(seed, size)
     assert sum(sizes) == len(floor) - 1  # a tree: every other cell lies behind exactly one neighbour
 
 
+BACK = {"right": "left", "left": "right", "up": "down", "down": "up"}  # the move that undoes each move
+
+
 def cell_colour(image, cell, px=16):
     return tuple(image[cell[0] * px + 1, cell[1] * px + 1])  # a corner pixel: the agent's disc leaves it
 
@@ -236,6 +239,66 @@ def test_trail_variant_tints_the_cells_left_and_the_walls_hit_and_survives_a_sta
     assert (again.reset(options={"init_state": env.get_state()})[0] == obs).all()
     for move in route[3:]:
         obs, *_ = env.step(f"<action>{move}</action>")
-    back = {"right": "left", "left": "right", "up": "down", "down": "up"}[route[-1]]
+    back = BACK[route[-1]]
     obs, *_ = env.step(f"<action>{back}</action>")  # off the goal again: it stays red
     assert cell_colour(obs, env.target) == GOAL_RGB
+
+
+def test_marks_variant_paints_the_cells_walked_back_out_of_and_survives_a_state_round_trip():
+    from envs.registry import get_environment
+    from envs.render import MARK_RGB
+    marks, trail = get_environment("maze_2d/hard_marks"), get_environment("maze_2d/hard_trail")
+    row = marks.make_rows(1_000_000, 1, 49)[0]
+    assert row["maze"] == trail.make_rows(1_000_000, 1, 49)[0]["maze"]
+    seen = {}
+    for name, task in (("marks", marks), ("trail", trail)):
+        env = task.make_env(16, 49)
+        env.reset(options={"init_state": task.init_state(row)})
+        start = env.agent
+        first = expert_actions(env.maze, env.agent, env.target)[0]
+        obs, *_ = env.step(f"<action>{first}</action>")
+        ahead = env.agent
+        for move in (BACK[first], first, BACK[first]):  # back to the start, out again, back again
+            obs, *_ = env.step(f"<action>{move}</action>")
+        seen[name] = obs, env
+    (obs, env), (trail_obs, _) = seen["marks"], seen["trail"]
+    assert env.agent == start and cell_colour(obs, ahead) == MARK_RGB and cell_colour(trail_obs, ahead) == TRAIL_RGB
+    assert cell_colour(obs, start) == cell_colour(trail_obs, start) == TRAIL_RGB  # the start has no way back
+    differs = (obs != trail_obs).any(axis=2)
+    assert differs.sum() == 16 * 16 and differs[ahead[0] * 16:(ahead[0] + 1) * 16, ahead[1] * 16:(ahead[1] + 1) * 16].all()
+    again = marks.make_env(16, 49)
+    assert (again.reset(options={"init_state": env.get_state()})[0] == obs).all()
+    with pytest.raises(ValueError, match="trail must be 0, 1 or 2"):
+        MazeEnv(trail=3)
+
+
+def tremaux_answer(picture, px=16):
+    """Tremaux's rule read off the picture alone: the goal if it is next door, else an untinted floor
+    cell, else one tinted once (the way back), else a marked one; in a fixed order among equals."""
+    from envs.render import MARK_RGB
+    n = picture.shape[0] // px
+    agent = next((r, c) for r in range(n) for c in range(n)
+                 if tuple(picture[r * px + px // 2, c * px + px // 2]) == AGENT_RGB)
+    if cell_colour(picture, agent, px) == GOAL_RGB:
+        return "<action>stop</action>"
+    near = {m: cell_colour(picture, (agent[0] + dr, agent[1] + dc), px) for m, (dr, dc) in zip(MOVES, DELTAS)}
+    move = next(m for wanted in (GOAL_RGB, FLOOR_RGB, TRAIL_RGB, MARK_RGB) for m, c in near.items() if c == wanted)
+    return f"<action>{move}</action>"
+
+
+def test_the_marks_let_a_rule_that_reads_only_the_picture_explore_every_maze_without_pacing():
+    from envs.registry import get_environment
+    solved = {}
+    for name in ("maze_2d/hard_marks", "maze_2d/hard_trail"):
+        task = get_environment(name)
+        solved[name] = 0
+        for row in task.make_rows(1_000_000, 16, 49):
+            env = task.make_env(16, 2 * 48 + 1)  # a depth-first walk of 49 floor cells, and the stop
+            picture, _ = env.reset(options={"init_state": task.init_state(row)})
+            done = False
+            while not done:
+                picture, reward, terminated, truncated, _ = env.step(tremaux_answer(picture))
+                done = terminated or truncated
+            solved[name] += reward == 1.0
+    assert solved["maze_2d/hard_marks"] == 16  # a depth-first search: every maze, within its bound
+    assert solved["maze_2d/hard_trail"] < 8  # the single tint: back among tinted cells, it paces
