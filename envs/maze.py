@@ -12,10 +12,10 @@ greedy agent that steps into a side branch can pace between two cells until its 
 without the dark wall a wall hit leaves the picture as it was, and a greedy agent answers the same
 move again until its turns run out.
 
-The marks variants (`maze_2d/easy_marks`, `maze_2d/hard_marks`) also paint a cell in a darker tint
-once the agent has walked back out of it, toward the cell it first came into it from. The maze is a
-tree, so those are the cells of branches given up, while the way from the start stays tinted once:
-Tremaux's rule (take an untinted cell, else one tinted once) becomes something a policy that reads
+The marks variants (`maze_2d/easy_marks`, `maze_2d/hard_marks`) also paint a cell green once the
+agent has walked back out of it, toward the cell it first came into it from. The maze is a tree, so
+those are the cells of branches given up, while the way from the start stays tinted: Tremaux's rule
+(an untinted cell first, else a tinted one, a green one last) becomes something a policy that reads
 only the picture can follow, and it explores the whole maze without pacing. With the single tint,
 every cell around an agent that has walked back looks the same, and a greedy agent paces between two
 of them (tests/test_maze_env.py plays the rule on both pictures).
@@ -48,7 +48,7 @@ class MazeEnv(StopToWinEnv):
     def __init__(self, size: int = 9, cell_px: int = 32, max_turns: int = 15,
                  render_mode: str = "rgb_array", trail: int = 0):
         """trail: 0 VisGym's picture; 1 cells left tinted and walls hit darkened; 2 also the cells
-        walked back out of in a darker tint."""
+        walked back out of in green."""
         if size < 5 or size % 2 == 0:
             raise ValueError(f"maze size must be odd and >= 5, got {size}")
         if cell_px < 4:

@@ -1,5 +1,5 @@
 """The visual maze (envs/maze.py) behind the environment interface: maze_2d/easy and maze_2d/hard,
-and their trail and marks variants (the cells the agent has left tinted; left twice, darker)."""
+and their trail and marks variants (the cells the agent has left tinted; those it walked back out of, green)."""
 from __future__ import annotations
 
 from pathlib import Path

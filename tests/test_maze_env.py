@@ -274,7 +274,7 @@ def test_marks_variant_paints_the_cells_walked_back_out_of_and_survives_a_state_
 
 def tremaux_answer(picture, px=16):
     """Tremaux's rule read off the picture alone: the goal if it is next door, else an untinted floor
-    cell, else one tinted once (the way back), else a marked one; in a fixed order among equals."""
+    cell, else a tinted one (the way back), a green one last; in a fixed order among equals."""
     from envs.render import MARK_RGB
     n = picture.shape[0] // px
     agent = next((r, c) for r in range(n) for c in range(n)
