@@ -24,7 +24,7 @@ def test_seed_in_an_override_stands_for_each_seed():
 def test_each_heldout_set_is_evaluated_into_its_own_folder(tiny_model_dir, tmp_path):
     import json
 
-    from bench.seeds import parse_args, run_seed
+    from bench.seeds import run_seed
     from envs.registry import get_environment
     from tests.conftest import make_adapter
     assert parse_args(["--heldout", "a.jsonl", "--heldout", "b.jsonl"]).heldout == ["a.jsonl", "b.jsonl"]
