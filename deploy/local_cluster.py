@@ -22,9 +22,10 @@ leave the resource off). The cluster's addresses are written to <dir>/cluster.js
     RAY_ADDRESS=$(python deploy/local_cluster.py address) python driver.py ray.address=auto ...
     ray job submit --address $(python deploy/local_cluster.py dashboard) --working-dir . -- python driver.py ...
 
-The cluster keeps its session files in a temp dir of its own, so a plain `ray.init()` elsewhere on
-the machine starts its own instance instead of joining this one (Ray joins the last `ray start`
-cluster it finds under /tmp/ray). Only this script's nodes are stopped by `down` (never `ray stop`,
+The cluster keeps its session files in a temp dir of its own (each node in a folder of its own
+inside it), so a plain `ray.init()` elsewhere on the machine starts its own instance instead of
+joining this one (Ray joins the last `ray start` cluster it finds under /tmp/ray). `down` keeps the
+nodes' Ray logs in <dir>/ray-logs-<time>/<node>/. Only this script's nodes are stopped by `down` (never `ray stop`,
 which would stop every Ray instance on the machine). Dashboard and job server bind to 127.0.0.1.
 """
 from __future__ import annotations
@@ -100,10 +101,16 @@ class LocalCluster:
         env = {**{k: v for k, v in os.environ.items() if k not in FORWARDED_ENV}, "PATH": path,
                "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
         proc = subprocess.Popen([ray_cli(), "start", "--block", "--disable-usage-stats",
-                                 "--temp-dir", self.state["temp_dir"], "--dashboard-agent-listen-port", str(free_port()),
+                                 "--temp-dir", self.node_temp_dir(name), "--dashboard-agent-listen-port", str(free_port()),
                                  "--min-worker-port", "0", "--max-worker-port", "0", *args],
                                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return {"name": name, "pid": proc.pid, "started": time.time()}
+
+    def node_temp_dir(self, name: str) -> str:
+        """Each node's session files in a folder of its own, as on machines of their own: a node that
+        shares them unpacks a job's working directory over the copy other nodes' workers run in (Ray
+        unpacks with overwrite=True), and those workers lose their working directory mid-run."""
+        return self.state["temp_dir"] if name == "head" else f"{self.state['temp_dir']}/{name}"
 
     def up(self, workers: int = 2, cpus: float = 2, devices: int = 1, gpus: int = 0,
            object_store_mb: int = 512, timeout_s: float = 120) -> None:
@@ -157,9 +164,12 @@ class LocalCluster:
         for record in self.state.get("workers", []) + ([self.state["head"]] if self.state.get("head") else []):
             _kill_session(record["pid"])
         if self.state.get("temp_dir"):  # keep Ray's logs of the nodes beside cluster.json, drop the rest
-            logs = Path(self.state["temp_dir"]) / "session_latest" / "logs"
-            if logs.is_dir():
-                shutil.move(str(logs.resolve()), str(self.dir / f"ray-logs-{int(time.time())}"))
+            kept = self.dir / f"ray-logs-{int(time.time())}"
+            for record in ([self.state["head"]] if self.state.get("head") else []) + self.state.get("workers", []):
+                logs = Path(self.node_temp_dir(record["name"])) / "session_latest" / "logs"
+                if logs.is_dir():
+                    kept.mkdir(parents=True, exist_ok=True)
+                    shutil.move(str(logs.resolve()), str(kept / record["name"]))
             shutil.rmtree(self.state["temp_dir"], ignore_errors=True)
         if self.state_file.exists():
             self.state_file.unlink()

@@ -41,19 +41,15 @@ def cluster(tmp_path_factory):
     c.down()
 
 
-def copy_repo(dest: Path, run_name: str) -> Path:
-    """The checkout a user submits from: a copy, so that nothing can come from this one. Jobs running
-    at once are submitted from folders that differ (here a file naming the run): Ray 2.60 unpacks a
-    job's working directory with overwrite=True, deleting the copy a running job with the same
-    contents is in (docs/cluster.md, "Ray Jobs")."""
+def copy_repo(dest: Path) -> Path:
+    """The checkout a user submits from: a copy, so that nothing can come from this one."""
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(*[e.rstrip("/") for e in SHIP_EXCLUDES], "tmp*"))
-    (dest / "RUN").write_text(run_name + "\n")
     return dest
 
 
 @pytest.fixture(scope="module")
 def repo_copy(tmp_path_factory):
-    return copy_repo(tmp_path_factory.mktemp("submit") / "visrl", "shared")
+    return copy_repo(tmp_path_factory.mktemp("submit") / "visrl")
 
 
 def submit(cluster, workdir: Path, args: list[str], env_vars: dict | None = None) -> str:
@@ -103,11 +99,11 @@ def test_forwarded_variables_and_shipped_code():
     assert set(FORWARDED_ENV) >= {"HF_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_ENDPOINT_URL", "HF_HOME"}
 
 
-def test_two_jobs_at_once_place_the_policy_on_two_nodes_and_succeed(cluster, tmp_path):
+def test_two_jobs_at_once_place_the_policy_on_two_nodes_and_succeed(cluster, repo_copy, tmp_path):
+    """Two runs submitted at once from one checkout (so one working-directory package for both)."""
     from ray.util.state import list_actors
     runs = [tmp_path / "a", tmp_path / "b"]
-    jobs = [submit(cluster, copy_repo(tmp_path / f"src-{run.name}", run.name),
-                   run_args(run) + SMALL + TWO_NODES + ["data.train_size=8"]) for run in runs]
+    jobs = [submit(cluster, repo_copy, run_args(run) + SMALL + TWO_NODES + ["data.train_size=8"]) for run in runs]
     for job in jobs:
         assert wait_job(cluster, job) == "SUCCEEDED", job_logs(cluster, job)[-3000:]
     logs = job_logs(cluster, jobs[0])
@@ -127,6 +123,10 @@ def test_two_jobs_at_once_place_the_policy_on_two_nodes_and_succeed(cluster, tmp
         assert p["actors"]["EnvPool"] == p["actors"]["Checkpointer"] == p["driver_node"] == head
         # the code came with the job (its working directory), not from this checkout
         assert all("runtime_resources" in root and not root.startswith(str(ROOT)) for root in p["code"].values())
+        # one unpacked copy a node, none shared between nodes: a node unpacking the package over
+        # another node's copy would pull the working directory from under that node's workers
+        roots = {(node, p["code"][actor]) for actor, node in p["actors"].items()}
+        assert len(roots) == len({node for node, _ in roots}) == len({root for _, root in roots})
 
 
 def test_a_failing_job_ends_failed_with_the_reason(cluster, repo_copy, tmp_path):
