@@ -25,8 +25,8 @@ leave the resource off). The cluster's addresses are written to <dir>/cluster.js
 The cluster keeps its session files in a temp dir of its own (each node in a folder of its own
 inside it), so a plain `ray.init()` elsewhere on the machine starts its own instance instead of
 joining this one (Ray joins the last `ray start` cluster it finds under /tmp/ray). `down` keeps the
-nodes' Ray logs in <dir>/ray-logs-<time>/<node>/. Only this script's nodes are stopped by `down` (never `ray stop`,
-which would stop every Ray instance on the machine). Dashboard and job server bind to 127.0.0.1.
+nodes' Ray logs in <dir>/ray-logs-<time>/<node>/. Only this script's nodes are stopped by `down`
+(never `ray stop`, which would stop every Ray instance on the machine). Dashboard and job server bind to 127.0.0.1.
 """
 from __future__ import annotations
 
@@ -161,11 +161,12 @@ class LocalCluster:
         return record
 
     def down(self) -> None:
-        for record in self.state.get("workers", []) + ([self.state["head"]] if self.state.get("head") else []):
+        nodes = self.state.get("workers", []) + ([self.state["head"]] if self.state.get("head") else [])
+        for record in nodes:
             _kill_session(record["pid"])
         if self.state.get("temp_dir"):  # keep Ray's logs of the nodes beside cluster.json, drop the rest
             kept = self.dir / f"ray-logs-{int(time.time())}"
-            for record in ([self.state["head"]] if self.state.get("head") else []) + self.state.get("workers", []):
+            for record in nodes:
                 logs = Path(self.node_temp_dir(record["name"])) / "session_latest" / "logs"
                 if logs.is_dir():
                     kept.mkdir(parents=True, exist_ok=True)
