@@ -62,12 +62,13 @@ def branch_size(maze: np.ndarray, junction, entry) -> int:
     return len(seen) - 1
 
 
-def direction_field(maze: np.ndarray, goal) -> np.ndarray:
+def goal_fields(maze: np.ndarray, goal) -> tuple[np.ndarray, np.ndarray]:
     """For every floor cell, the expert's action there (index into ACTIONS: a move toward the goal,
-    4 = stop on the goal); -1 on walls. One BFS from the goal."""
+    4 = stop on the goal) and its distance in moves to the goal; -1 on walls. One BFS from the goal."""
     field = np.full(maze.shape, -1, dtype=np.int64)
+    distance = np.full(maze.shape, -1, dtype=np.int64)
     goal = tuple(int(v) for v in goal)
-    field[goal] = 4
+    field[goal], distance[goal] = 4, 0
     queue = deque([goal])
     while queue:
         cell = queue.popleft()
@@ -75,5 +76,11 @@ def direction_field(maze: np.ndarray, goal) -> np.ndarray:
             nxt = (cell[0] + dr, cell[1] + dc)
             if maze[nxt] == 0 and field[nxt] == -1:
                 field[nxt] = (d + 2) % 4  # from nxt, the move back toward cell
+                distance[nxt] = distance[cell] + 1
                 queue.append(nxt)
-    return field
+    return field, distance
+
+
+def direction_field(maze: np.ndarray, goal) -> np.ndarray:
+    """goal_fields' expert action for every floor cell, -1 on walls."""
+    return goal_fields(maze, goal)[0]

@@ -56,10 +56,27 @@ LOCATE_SEEDS = 25_000_000
 VALIDATION_SEEDS = 30_000_000  # the SFT stop rule looks at these, never at the eval set
 
 
-def perception_stage(model, processor, arch, steps: int, batch: int, lr: float, seed: int,
-                     locate: bool = False, first_seed: int = PROBE_SEEDS) -> float:
-    """Train the vision tower on per-cell expert moves; returns the final per-cell accuracy.
+def maze_pictures(envs: dict[int, MazeEnv], sizes: tuple[int, ...], first_seed: int, n: int,
+                  rng: np.random.Generator) -> tuple[list[np.ndarray], list[MazeEnv]]:
+    """n pictures, picture k a maze of sizes[k % len(sizes)] from seed first_seed + k with the disc on
+    a random floor cell; with each a copy of its environment (the maze, the goal, the disc)."""
+    images, mazes = [], []
+    for k in range(n):
+        env = envs[sizes[k % len(sizes)]]
+        env.reset(seed=first_seed + k)
+        floor = np.argwhere(env.maze == 0)
+        env.agent = tuple(int(v) for v in floor[rng.integers(len(floor))])  # the disc anywhere
+        images.append(env.render())
+        mazes.append(copy.copy(env))
+    return images, mazes
 
+
+def perception_stage(model, processor, arch, steps: int, batch: int, lr: float, seed: int, sizes: tuple[int, ...],
+                     locate: bool = False, first_seed: int = PROBE_SEEDS) -> dict[int, float]:
+    """Train the vision tower on per-cell expert moves; returns the final per-cell accuracy by maze size.
+
+    Picture k of a batch is a maze of sizes[k % len(sizes)]: a tower taught on 9x9 pictures only
+    chose the wrong way at 11x11 junctions far from the goal (docs/embedded-base.md).
     With `locate`, a second probe also learns which cell holds the disc, so the agent's own cell
     stands out among the image tokens the language layers read."""
     vision = model.model.visual
@@ -69,37 +86,34 @@ def perception_stage(model, processor, arch, steps: int, batch: int, lr: float, 
         where = torch.nn.Linear(arch.text_hidden, 2)
         params += list(where.parameters())
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95))
-    env = MazeEnv(size=arch.maze_size, cell_px=arch.cell_px)
+    envs = {size: MazeEnv(size=size, cell_px=arch.cell_px) for size in sizes}
     rng = np.random.default_rng(seed)
-    accs = []
+    accs = {size: [] for size in sizes}
     bar = tqdm(range(steps), desc="SFT stage A2 (locate the agent)" if locate else "SFT stage A (perception)", unit="step")
     for step in bar:
-        images, labels, agent_cells = [], [], []
-        for k in range(batch):
-            env.reset(seed=first_seed + step * batch + k)
-            floor = np.argwhere(env.maze == 0)
-            env.agent = tuple(int(v) for v in floor[rng.integers(len(floor))])  # the disc anywhere
-            images.append(env.render())
-            labels.append(direction_field(env.maze, env.target).reshape(-1))
-            agent_cells.append(env.agent[0] * arch.maze_size + env.agent[1])
+        images, mazes = maze_pictures(envs, sizes, first_seed + step * batch, batch, rng)
         enc = processor.image_processor(images=images, return_tensors="pt")
-        target = torch.tensor(np.concatenate(labels))
+        target = torch.tensor(np.concatenate([direction_field(env.maze, env.target).reshape(-1) for env in mazes]))
         features = vision(enc["pixel_values"], grid_thw=enc["image_grid_thw"]).pooler_output
         logits = probe(features)
         loss = torch.nn.functional.cross_entropy(logits, target, ignore_index=-1)
         if locate:
             is_agent = torch.zeros(len(target), dtype=torch.long)
-            is_agent[torch.arange(batch) * arch.maze_size ** 2 + torch.tensor(agent_cells)] = 1
+            offsets = np.cumsum([0] + [env.size ** 2 for env in mazes[:-1]])
+            is_agent[torch.tensor([o + env.agent[0] * env.size + env.agent[1] for o, env in zip(offsets, mazes)])] = 1
             # one agent cell against 80 others: weight it up so the probe cannot ignore it
             loss = loss + torch.nn.functional.cross_entropy(where(features), is_agent, weight=torch.tensor([1.0, 10.0]))
         opt.zero_grad()
         loss.backward()
         opt.step()
-        known = target >= 0
-        accs.append(((logits.argmax(-1) == target) & known).sum().item() / known.sum().item())
+        right = ((logits.argmax(-1) == target) & (target >= 0)).numpy()
+        token_sizes = np.concatenate([np.full(env.size ** 2, env.size) for env in mazes])
+        for size in sizes:
+            known = (token_sizes == size) & (target >= 0).numpy()
+            accs[size].append(right[known].sum() / known.sum())
         if step % 50 == 0:
-            bar.set_postfix(cell_acc=f"{np.mean(accs[-50:]):.3f}")
-    return float(np.mean(accs[-100:]))
+            bar.set_postfix(cell_acc=" ".join(f"{size}:{np.mean(accs[size][-50:]):.3f}" for size in sizes))
+    return {size: float(np.mean(accs[size][-100:])) for size in sizes}
 
 
 def expert_turns(task: Environment, env, prompter: ChatPrompter, tok, window: int, pictures: int,
@@ -242,22 +256,24 @@ def stages_a_to_b(model, processor, arch, cfg, args) -> dict:
         cell_acc = json.loads((cache / "perception.json").read_text())["cell_accuracy"]
     else:
         model.train()
-        cell_acc = perception_stage(model, processor, arch, args.perception_steps, 32, 1e-3, args.seed)
+        cell_acc = perception_stage(model, processor, arch, args.perception_steps, 32, 1e-3, args.seed,
+                                    tuple(args.perception_sizes))
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
             save_model(model, str(cache / "model.safetensors"))
-            (cache / "perception.json").write_text(json.dumps({"cell_accuracy": cell_acc,
+            (cache / "perception.json").write_text(json.dumps({"cell_accuracy": cell_acc, "sizes": args.perception_sizes,
                                                                "steps": args.perception_steps, "seed": args.seed}))
     torch.manual_seed(args.seed + 2)
     model.train()
     if args.locate_steps:
-        perception_stage(model, processor, arch, args.locate_steps, 32, 1e-3, args.seed, locate=True,
-                         first_seed=LOCATE_SEEDS)
+        perception_stage(model, processor, arch, args.locate_steps, 32, 1e-3, args.seed, tuple(args.perception_sizes),
+                         locate=True, first_seed=LOCATE_SEEDS)
     torch.manual_seed(args.seed + 1)
     model.train()
     agent = agent_stage(model, processor, [Source(cfg, stop_at=args.stop_at)], args.agent_max_steps, 64, 1e-3,
                         args.seed, check_every=args.check_every)
-    return {"perception_steps": args.perception_steps, "perception_cell_accuracy": cell_acc,
+    return {"perception_steps": args.perception_steps, "perception_sizes": args.perception_sizes,
+            "perception_cell_accuracy": cell_acc,
             "locate_steps": args.locate_steps, **agent}
 
 
@@ -268,6 +284,8 @@ def main(argv=None):
     ap.add_argument("--out", default="assets/maze-vl-base")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--perception-steps", type=int, default=3000)
+    ap.add_argument("--perception-sizes", type=int, nargs="+", default=[9, 11], metavar="N",
+                    help="stages A and A2: maze sizes of the pictures, in turn within a batch")
     ap.add_argument("--locate-steps", type=int, default=400, help="stage A2: perception plus the agent's cell")
     ap.add_argument("--agent-max-steps", type=int, default=1500)
     ap.add_argument("--check-every", type=int, default=5, help="stage B steps between validation checks")

@@ -4,12 +4,16 @@ the only targets (exploration noise is executed, never taught), and an episode e
 on the goal."""
 import random
 
+import numpy as np
 import pytest
 
+from envs.expert import goal_fields, optimal_moves
+from envs.generate import DELTAS
+from envs.maze import MazeEnv
 from envs.registry import get_environment
 from rl.inputs import task_prompter
 from settings import load_config
-from sft.embedded_base import expert_turns
+from sft.embedded_base import expert_turns, maze_pictures
 from vlm.load import load_processor
 
 
@@ -42,3 +46,21 @@ def test_expert_episodes_teach_only_the_experts_answers(config, env_id):
     taught = {tok.decode([t for t, m in zip(s.input_ids, s.loss_mask) if m], skip_special_tokens=True) for s in noisy}
     assert all(env.parse(a) is not None for a in taught)
     assert len(noisy) >= 2 and sum(s.loss_mask[-1] for s in noisy) == len(noisy)
+
+
+def test_perception_pictures_take_each_size_in_turn_and_label_every_floor_cell():
+    sizes = (9, 11)
+    envs = {size: MazeEnv(size=size, cell_px=16) for size in sizes}
+    images, mazes = maze_pictures(envs, sizes, 123, 4, np.random.default_rng(0))
+    assert [image.shape[:2] for image in images] == [(144, 144), (176, 176), (144, 144), (176, 176)]
+    assert not np.array_equal(mazes[0].maze, mazes[2].maze)  # each picture keeps its own maze, not the env's last
+    for env in mazes:
+        assert env.maze[env.agent] == 0  # the disc on a floor cell
+        move, distance = goal_fields(env.maze, env.target)
+        assert move[env.target] == 4 and distance[env.target] == 0
+        for cell in map(tuple, np.argwhere(env.maze == 0)):
+            assert distance[cell] == optimal_moves(env.maze, cell, env.target)
+            if cell != tuple(env.target):  # the labelled move is one step closer
+                dr, dc = DELTAS[move[cell]]
+                assert distance[cell[0] + dr, cell[1] + dc] == distance[cell] - 1
+        assert (move[env.maze != 0] == -1).all() and (distance[env.maze != 0] == -1).all()
