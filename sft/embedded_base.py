@@ -3,8 +3,9 @@
     python -m sft.embedded_base --out assets/maze-vl-base [--seed 0]
 
 Stage A (perception) stands in for the vision pretraining a real VLM brings: the vision tower
-plus a throw-away linear probe learn, for every cell of a maze picture, the BFS expert's move
-from that cell (dense labels: 49 supervised cells a picture instead of one decision). Stage A2
+plus a throw-away linear probe learn, for every cell of a maze picture (9x9 and 11x11 mazes in
+turn), the BFS expert's move from that cell (dense labels: every floor cell supervised, not one
+decision a picture). Stage A2
 (400 steps) keeps that and adds a second probe for which cell holds the disc: the agent's own
 cell then stands out among the image tokens, and the language layers learn to read its move in
 tens of steps instead of hundreds. Stage B is SFT of the whole model on BFS-expert episodes in
