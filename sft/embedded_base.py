@@ -102,7 +102,7 @@ def perception_stage(model, processor, arch, steps: int, batch: int, lr: float, 
             is_agent = torch.zeros(len(target), dtype=torch.long)
             offsets = np.cumsum([0] + [env.size ** 2 for env in mazes[:-1]])
             is_agent[torch.tensor([o + env.agent[0] * env.size + env.agent[1] for o, env in zip(offsets, mazes)])] = 1
-            # one agent cell against 80 others: weight it up so the probe cannot ignore it
+            # one agent cell against 80 or 120 others: weight it up so the probe cannot ignore it
             loss = loss + torch.nn.functional.cross_entropy(where(features), is_agent, weight=torch.tensor([1.0, 10.0]))
         opt.zero_grad()
         loss.backward()
