@@ -29,8 +29,10 @@ def test_the_shipped_base_is_small_and_reports_its_build():
 @pytest.mark.parametrize("config", [None, "configs/sliding_block.yaml"])
 def test_eval_only_reproduces_the_reported_solve_rate(config, tmp_path: Path):
     report = reported(config)
+    # the build evaluates the maze on VisGym's own picture (sft.embedded_base), not the default's trail
+    task = [] if config else ["environment.env_class=maze_2d/easy"]
     out = run_driver((["--config", config] if config else [])
-                     + ["--eval-only", f"trainer.run_dir={tmp_path}", f"data.dataset_dir={tmp_path}/data"])
+                     + ["--eval-only", f"trainer.run_dir={tmp_path}", f"data.dataset_dir={tmp_path}/data", *task])
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
     assert result["total"] == report["total"] == 64
