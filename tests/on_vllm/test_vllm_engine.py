@@ -5,8 +5,8 @@ Both compute in fp32 here, so greedy answers must be identical and log-probs agr
 (measured: at most 1e-5).
 """
 import json
-import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,23 +73,13 @@ def episodes(runner, rows, sampling, version):
     return runner.run(tasks, sampling, version)
 
 
-def assert_same_episodes(hf_eps, vllm_eps, near_ties: int = 0):
-    """Token for token the same, up to `near_ties` episodes that part where hf's own greedy token had
-    under 60% of the probability (two engines' float sums may order a near-tie either way)."""
+def assert_same_episodes(hf_eps, vllm_eps):
     assert len(hf_eps) == len(vllm_eps) >= 16
-    parted = []
     for a, b in zip(hf_eps, vllm_eps):
-        ours, theirs = [t.response_ids for t in a.turns], [t.response_ids for t in b.turns]
-        if ours != theirs:
-            k = next(k for k, (x, y) in enumerate(zip(ours, theirs)) if x != y)
-            j = next((j for j, (x, y) in enumerate(zip(ours[k], theirs[k])) if x != y), min(len(ours[k]), len(theirs[k])))
-            assert j < len(ours[k]) and math.exp(a.turns[k].logprobs[j]) < 0.6, (a.episode_id, ours[k], theirs[k])
-            parted.append(a.episode_id)
-            continue
+        assert [t.response_ids for t in a.turns] == [t.response_ids for t in b.turns], a.episode_id
         assert a.reward == b.reward
         for ta, tb in zip(a.turns, b.turns):
             assert max(abs(x - y) for x, y in zip(ta.logprobs, tb.logprobs)) < LOGPROB_TOL
-    assert len(parted) <= near_ties, parted
 
 
 def test_greedy_episodes_equal_hf_on_the_base(engines, eval_rows):
@@ -119,7 +109,7 @@ def test_trained_adapter_episodes_equal_hf(engines, eval_rows, trained_adapter):
     assert_same_episodes(episodes(engines["hf"][1], eval_rows, GREEDY, 1), episodes(engines["vllm"][1], eval_rows, GREEDY, 1))
 
 
-def test_version_two_replaces_version_one(cfg, engines, eval_rows, tmp_path):
+def test_version_two_replaces_version_one(cfg, engines, eval_rows, trained_adapter, tmp_path):
     """v2 is written over v1's folder: only a fresh LoRA id a version keeps vLLM from its cached v1."""
     engine, runner = engines["vllm"]
     hf_engine, hf_runner = engine_and_runner(cfg, "hf")  # a fresh one: PEFT keeps the first adapter's layout
@@ -127,14 +117,14 @@ def test_version_two_replaces_version_one(cfg, engines, eval_rows, tmp_path):
     make_adapter(BASE, folder, seed=1, rank=8, scale=3.0)  # all-linear: the vision tower's layers too
     engine.load_adapter(AdapterRef(str(folder), 10))
     v1 = episodes(runner, eval_rows, GREEDY, 10)
-    make_adapter(BASE, folder, seed=2, rank=8, scale=3.0)
+    # v2 a trained adapter: with a second random one at scale 3, hf and vLLM parted in 5 of 16 episodes
+    # on the base of 2026-12-05, each where hf's own token had under 60% of the probability
+    shutil.copytree(trained_adapter / "exports" / "global_step_2" / "policy", folder, dirs_exist_ok=True)
     for e in (engine, hf_engine):
         e.load_adapter(AdapterRef(str(folder), 11))
     v2 = episodes(runner, eval_rows, GREEDY, 11)
     assert [t.response_ids for e in v1 for t in e.turns] != [t.response_ids for e in v2 for t in e.turns]
-    # a random adapter at scale 3 flattens the answers' distributions: on the base of 2026-12-05, 5 of
-    # 16 episodes part from hf where hf's own token had under 60% of the probability
-    assert_same_episodes(episodes(hf_runner, eval_rows, GREEDY, 11), v2, near_ties=len(v2) // 3)
+    assert_same_episodes(episodes(hf_runner, eval_rows, GREEDY, 11), v2)
     # loaded at the sync, not at the next generate, and the older version left the engine
     assert set(engine.backend.llm.llm_engine.list_loras()) == {12}
     assert engine.status()["memory_awake_gib"] is None  # no GPU: no engine memory to report
