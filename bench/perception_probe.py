@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from envs.actions import ACTIONS
-from envs.expert import goal_fields
+from envs.expert import goal_fields, junctions
 from envs.maze import MazeEnv
 from sft.embedded_base import maze_pictures
 from vlm.load import load_model
@@ -36,15 +36,13 @@ def tower_features(vision, processor, size: int, first_seed: int, n: int, rng) -
     enc = processor.image_processor(images=images, return_tensors="pt")
     with torch.no_grad():
         features = vision(enc["pixel_values"], grid_thw=enc["image_grid_thw"]).pooler_output
-    moves, distances, junctions = [], [], []
+    moves, distances, branching = [], [], []
     for env in mazes:
         move, distance = goal_fields(env.maze, env.target)
-        floor = np.pad(env.maze == 0, 1)
-        neighbours = floor[:-2, 1:-1].astype(int) + floor[2:, 1:-1] + floor[1:-1, :-2] + floor[1:-1, 2:]
         moves.append(move.reshape(-1))
         distances.append(distance.reshape(-1))
-        junctions.append(((env.maze == 0) & (neighbours >= 3)).reshape(-1))
-    return features, np.concatenate(moves), np.concatenate(distances), np.concatenate(junctions)
+        branching.append(junctions(env.maze).reshape(-1))
+    return features, np.concatenate(moves), np.concatenate(distances), np.concatenate(branching)
 
 
 def probe_size(vision, processor, size: int, steps: int, seed: int) -> dict:
@@ -58,7 +56,7 @@ def probe_size(vision, processor, size: int, steps: int, seed: int) -> dict:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    features, moves, distances, junctions = tower_features(vision, processor, size, TEST_SEEDS, 256, rng)
+    features, moves, distances, branching = tower_features(vision, processor, size, TEST_SEEDS, 256, rng)
     with torch.no_grad():
         right = (probe(features).argmax(-1).numpy() == moves)
     floor = moves >= 0
@@ -68,9 +66,9 @@ def probe_size(vision, processor, size: int, steps: int, seed: int) -> dict:
         if at.any():
             report["by_distance"].append({"distance": f"{lo}-{hi - 1}", "cells": int(at.sum()),
                                           "accuracy": round(float(right[at].mean()), 3),
-                                          "junctions": int((at & junctions).sum()),
-                                          "junction_accuracy": round(float(right[at & junctions].mean()), 3)
-                                          if (at & junctions).any() else None})
+                                          "junctions": int((at & branching).sum()),
+                                          "junction_accuracy": round(float(right[at & branching].mean()), 3)
+                                          if (at & branching).any() else None})
     return report
 
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.expert import shortest_path
-from envs.generate import DELTAS
+from envs.expert import junctions, shortest_path
 from envs.maze import MAZE_IDS, MazeEnv
 from envs.rows import seed_splits, write_splits
 
@@ -77,9 +76,10 @@ def start_at_junctions(rows: list[dict], share: float, seed: int) -> list[dict]:
         if i in chosen:
             maze = np.asarray(row["maze"])
             route = shortest_path(maze, row["start"], row["goal"])
-            junctions = [c for c in route[1:-1] if sum(maze[c[0] + dr, c[1] + dc] == 0 for dr, dc in DELTAS) >= 3]
-            if junctions:
-                cell = junctions[int(rng.integers(len(junctions)))]
+            branching = junctions(maze)
+            on_route = [c for c in route[1:-1] if branching[c]]
+            if on_route:
+                cell = on_route[int(rng.integers(len(on_route)))]
                 row = {**row, "start": list(cell), "optimal_moves": len(route) - 1 - route.index(cell)}
         out.append(row)
     return out

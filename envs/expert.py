@@ -62,6 +62,13 @@ def branch_size(maze: np.ndarray, junction, entry) -> int:
     return len(seen) - 1
 
 
+def junctions(maze: np.ndarray) -> np.ndarray:
+    """The floor cells with three or more open neighbours: where a wrong branch can be taken."""
+    floor = np.pad(maze == 0, 1)
+    neighbours = floor[:-2, 1:-1].astype(int) + floor[2:, 1:-1] + floor[1:-1, :-2] + floor[1:-1, 2:]
+    return (maze == 0) & (neighbours >= 3)
+
+
 def goal_fields(maze: np.ndarray, goal) -> tuple[np.ndarray, np.ndarray]:
     """For every floor cell, the expert's action there (index into ACTIONS: a move toward the goal,
     4 = stop on the goal) and its distance in moves to the goal; -1 on walls. One BFS from the goal."""
