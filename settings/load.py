@@ -88,16 +88,29 @@ def _parse_override(item: str) -> DictConfig:
         raise ConfigError(f"override '{item}' cannot be parsed: {e}") from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    path = Path(path) if path else DEFAULT_CONFIG
+def _file_layers(path: Path, chain: tuple[Path, ...] = ()) -> list[DictConfig]:
+    """The file's settings, after those of the file its `extends:` names (a path beside it), and so on:
+    a later stage of a curriculum says only what it changes."""
     if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist; shipped configs are in configs/")
+        named_by = f" (named by `extends:` in '{chain[-1]}')" if chain else ""
+        raise ConfigError(f"config file '{path}'{named_by} does not exist; shipped configs are in configs/")
+    if path.resolve() in [p.resolve() for p in chain]:
+        raise ConfigError(f"config file '{path}' extends itself through {' -> '.join(map(str, chain))}")
     try:
         user = OmegaConf.load(path)
     except Exception as e:  # YAML syntax errors come in several types
         raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
-    layers = [user]
+    parent = user.pop("extends", None) if isinstance(user, DictConfig) else None
     _check_keys(user, str(path))
+    if parent is None:
+        return [user]
+    if not isinstance(parent, str):
+        raise ConfigError(f"config file '{path}': `extends:` expects the path of another config file")
+    return _file_layers(path.parent / parent, chain + (path,)) + [user]
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    layers = _file_layers(Path(path) if path else DEFAULT_CONFIG)
     for item in overrides:
         layer = _parse_override(item)
         _check_keys(layer, f"override '{item}'")
