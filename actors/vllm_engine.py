@@ -99,6 +99,11 @@ class VLLMEngine:
             self.backend.wake_up()
             self.asleep = False
 
+    def shutdown(self) -> None:
+        """Free what the engine holds outside this process (vLLM's engine core); the hf engine holds nothing there."""
+        if self.backend_name == "vllm":
+            self.backend.shutdown()
+
     def _memory(self) -> float | None:
         if self.device != "cuda":
             return None

@@ -123,6 +123,10 @@ class VLLMBackend:
             results.append(GenResult(toks, lps, text, finish, adapter_version, len(r.prompt_ids)))
         return results
 
+    def shutdown(self) -> None:
+        """Stop the engine core process and its workers: they outlive a parent that exits without this."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def load_adapter(self, folder: str, version: int) -> None:
         from vllm.lora.request import LoRARequest
         rank = json.loads((Path(folder) / "adapter_config.json").read_text())["r"]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from actors.env_pool import EnvPool
@@ -51,7 +52,14 @@ def engine_and_runner(cfg, backend):
 
 @pytest.fixture(scope="module")
 def engines(cfg):
-    return {backend: engine_and_runner(cfg, backend) for backend in ("hf", "vllm")}
+    built = {backend: engine_and_runner(cfg, backend) for backend in ("hf", "vllm")}
+    yield built
+    # without shutdown the engine core and its worker (5 GB) outlived pytest, orphaned
+    started = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::")]
+    assert started, "the vllm engine runs its engine core in a child process"
+    built["vllm"][0].shutdown()
+    _, left = psutil.wait_procs(started, timeout=60)
+    assert not left, f"vLLM processes left after shutdown: {[p.name() for p in left]}"
 
 
 @pytest.fixture(scope="module")
