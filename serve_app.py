@@ -6,9 +6,10 @@
 
 `model` selects the adapter: `<base_id>` is the base model, `<base_id>:<adapter>` one adapter found
 under `dynamic_lora_loading_path`. Adapters are downloaded on first use, kept resident up to
-`max_loras` (least recently used evicted, reloaded on demand), and concurrent requests are batched
-per adapter. Binds 127.0.0.1 unless Serve's http_options say otherwise. With backend=vllm the same
-settings drive ray.serve.llm: the vllm extra on GPUs, vLLM's CPU build (.venv-vllm) elsewhere.
+`max_loras` (least recently used evicted, reloaded on demand), and concurrent requests for one
+adapter that sample alike go to the model as one batch. Binds 127.0.0.1 unless Serve's http_options
+say otherwise. With backend=vllm the same settings drive ray.serve.llm (vLLM's continuous batching:
+the GPU path); the hf app is the CPU path and the fallback where vLLM cannot run.
 """
 
 import asyncio
@@ -74,8 +75,8 @@ class MultiLoraServer:
                                          self._unload_adapter, self.metrics)
         self.generate_batch.set_max_batch_size(self.s.max_batch_size)
         self.generate_batch.set_batch_wait_timeout_s(self.s.batch_wait_timeout_s)
-        for name in [n.strip() for n in self.s.prewarm.split(",") if n.strip()][: self.s.max_loras]:
-            self.resident.preload(validate_name(name))
+        for name in self.s.prewarm_names():
+            self.resident.preload(name)
 
     # ---- adapters (called with the model otherwise idle: see generate_batch) ------------------
     def _fetch_adapter(self, name: str) -> str:
@@ -181,29 +182,38 @@ class MultiLoraServer:
         return results
 
     def _run_group(self, adapter: str | None, reqs: list[ChatRequest]) -> list:
+        """One model call for the requests that sample alike (most of a batch: the same max_tokens,
+        temperature, top_p, seed and stop), so concurrent requests share the device's batch."""
         from inference.requests import GenRequest, Sampling
-        out = []
+        out: list = [None] * len(reqs)
+        alike: dict = {}
+        for i, req in enumerate(reqs):
+            try:
+                tokenized = self.backend.tokenize_messages(GenRequest(messages=req.messages))
+            except ValueError as e:  # e.g. a picture the processor cannot take
+                out[i] = APIError(400, str(e)[:300])
+                continue
+            if len(tokenized.prompt_ids) + req.max_tokens > self.s.max_model_len:
+                out[i] = APIError(400, f"prompt ({len(tokenized.prompt_ids)} tokens) + max_tokens ({req.max_tokens}) "
+                                       f"exceeds max_model_len={self.s.max_model_len}", "max_tokens")
+                continue
+            sampling = Sampling(max_new_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
+                                seed=req.seed, stop=list(req.stop or []))
+            key = (sampling.max_new_tokens, sampling.temperature, sampling.top_p, sampling.seed, tuple(sampling.stop))
+            alike.setdefault(key, (sampling, []))[1].append((i, tokenized))
         with self.backend.adapter(adapter):
-            for req in reqs:
+            for sampling, members in alike.values():
                 try:
-                    gen = GenRequest(messages=req.messages)
-                    sampling = Sampling(max_new_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                                        seed=req.seed, stop=req.stop)
-                    tokenized = self.backend.tokenize_messages(gen)
-                    if len(tokenized.prompt_ids) + req.max_tokens > self.s.max_model_len:
-                        raise APIError(400, f"prompt ({len(tokenized.prompt_ids)} tokens) + max_tokens "
-                                            f"({req.max_tokens}) exceeds max_model_len={self.s.max_model_len}",
-                                       "max_tokens")
-                    res = self.backend.generate([tokenized] * req.n, sampling, adapter_version=0)
-                    out.append(chat_response(req.model, [r.text for r in res], [r.finish_reason for r in res],
-                                             len(tokenized.prompt_ids), sum(len(r.token_ids) for r in res)))
-                except APIError as e:
-                    out.append(e)
-                except ValueError as e:  # e.g. a picture the processor cannot take
-                    out.append(APIError(400, str(e)[:300]))
-                except Exception:  # one request's failure stays its own
+                    flat = [tok for i, tok in members for _ in range(reqs[i].n)]
+                    results = iter(self.backend.generate(flat, sampling, adapter_version=0))
+                    for i, tok in members:
+                        res = [next(results) for _ in range(reqs[i].n)]
+                        out[i] = chat_response(reqs[i].model, [r.text for r in res], [r.finish_reason for r in res],
+                                               len(tok.prompt_ids), sum(len(r.token_ids) for r in res))
+                except Exception:  # this group's requests fail, the server and the other groups go on
                     log.exception("generation failed")
-                    out.append(APIError(500, "internal error; the request was not completed"))
+                    for i, _ in members:
+                        out[i] = APIError(500, "internal error; the request was not completed")
         return out
 
 
@@ -224,6 +234,7 @@ def build_vllm_app(s: ServeSettings):
                          f"paths; dynamic_lora_loading_path={s.dynamic_lora_loading_path!r} is not one: upload "
                          "the adapters (e.g. trainer.export_path=s3://...) or use backend=hf")
     LLMConfig, build_openai_app = import_serve_llm()
+    from serving.ray_llm_server import PREWARM_ENV
     on_cpu = resolve_device(s.device) == "cpu"
     base = s.base_model if "://" in s.base_model else str(Path(s.base_model).resolve())
     env = {"AWS_ENDPOINT_URL": s.s3_endpoint_url} if s.s3_endpoint_url else {}
@@ -237,7 +248,8 @@ def build_vllm_app(s: ServeSettings):
                      "max_num_adapters_per_replica": s.max_loras},
         engine_kwargs={"max_model_len": s.max_model_len, "dtype": "float32" if on_cpu else "bfloat16",
                        **engine_kwargs(on_cpu, s.max_lora_rank, s.max_loras)},
-        runtime_env={"env_vars": env}, deployment_config=_deployment_options(s), **options)
+        runtime_env={"env_vars": env | {PREWARM_ENV: ",".join(s.prewarm_names())}},
+        server_cls="serving.ray_llm_server.PrewarmedLLMServer", deployment_config=_deployment_options(s), **options)
     # the router lists adapters too, so it needs the store's endpoint as the engine's replica does
     ingress = {"ray_actor_options": {"runtime_env": {"env_vars": env}}} if s.s3_endpoint_url else {}
     return build_openai_app({"llm_configs": [config], "ingress_deployment_config": ingress})

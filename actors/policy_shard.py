@@ -48,8 +48,8 @@ class FSDPPolicyShard:
 
     # ---- set-up -------------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
-        from vlm.sharding import free_port, node_ip
-        return node_ip(), free_port()
+        from net import free_port, node_ip
+        return node_ip(), free_port("")
 
     def setup(self, master_addr: str = "127.0.0.1", master_port: int = 29500) -> int:
         """Join the process group, load and shard the model, build optimizer and schedule."""

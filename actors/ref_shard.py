@@ -21,8 +21,8 @@ class RefShard:
             torch.set_num_threads(threads)
 
     def address(self) -> tuple[str, int]:
-        from vlm.sharding import free_port, node_ip
-        return node_ip(), free_port()
+        from net import free_port, node_ip
+        return node_ip(), free_port("")
 
     def setup(self, master_addr: str = "127.0.0.1", master_port: int = 29501) -> None:
         from vlm.load import load_model

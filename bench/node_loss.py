@@ -27,8 +27,8 @@ KILLS = ["generate@2", "train@3", "ckpt@4", "generate@5", "train@7", "ckpt@8", "
 def main():
     from actors.checkpointer import Checkpointer
     from deploy.local_cluster import LocalCluster
+    from deploy.local_s3 import S3Server
     from settings.schema import S3Config
-    from tests.conftest import S3Server
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replace-after", type=float, default=10.0, help="seconds from a node's loss to its replacement")

@@ -32,7 +32,7 @@ def history(run):
 
 
 def main():
-    from tests.conftest import S3Server
+    from deploy.local_s3 import S3Server
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args()

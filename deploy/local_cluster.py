@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 
 # run as a script from a checkout (python deploy/local_cluster.py), the project's packages sit beside it
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from net import free_port  # noqa: E402
 from placement.runtime_env import FORWARDED_ENV  # noqa: E402
 from storage.atomic import write_atomic  # noqa: E402
 
@@ -53,12 +53,6 @@ DEVICE_RESOURCE = "visrl_device"
 # to answer, so that a live node on a loaded 2-core machine is not taken for a lost one.
 FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
                       "RAY_health_check_failure_threshold": "5"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ray_cli() -> str:

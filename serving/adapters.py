@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import shutil
 import time
 from collections import OrderedDict
@@ -19,17 +18,17 @@ from pathlib import Path
 
 from serving.errors import APIError
 from storage import StorageError, open_store
-from storage.adapters import ADAPTER_FILES, adapter_prefix
+from storage.adapters import ADAPTER_FILES, NAME, adapter_prefix, check_name
 from storage.atomic import replace_dir, temp_beside
 
 log = logging.getLogger("visrl.serve")
-NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")  # matched whole (fullmatch): no trailing newline slips by
 
 
 def validate_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME.fullmatch(name) or name in (".", "..") or set(name) == {"."}:
-        raise APIError(400, f"invalid adapter name {name!r}: use letters, digits, '.', '_' and '-' only", "model")
-    return name
+    try:
+        return check_name(name)
+    except ValueError:
+        raise APIError(400, f"invalid adapter name {name!r}: use letters, digits, '.', '_' and '-' only", "model") from None
 
 
 class AdapterSource:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from settings.load import typed_settings
+from storage.adapters import check_name
 
 
 @dataclass
@@ -19,7 +20,7 @@ class ServeSettings:
     num_replicas: int = 1
     min_replicas: int = 0                        # with max_replicas > min_replicas: autoscaling
     max_replicas: int = 0
-    prewarm: str = ""                            # comma-separated adapter names loaded at start
+    prewarm: str = ""                            # comma-separated adapter names loaded at replica start
     backend: str = "hf"                          # hf | vllm (ray.serve.llm; CPU build in .venv-vllm)
     device: str = "auto"
     max_batch_size: int = 16
@@ -42,4 +43,13 @@ class ServeSettings:
             raise ValueError(f"num_gpus must be >= 0 and num_cpus > 0; got num_gpus={s.num_gpus}, num_cpus={s.num_cpus}")
         if not s.base_id:
             s.base_id = Path(s.base_model.rstrip("/")).name
+        s.prewarm_names()  # a bad name stops the app before a replica starts
         return s
+
+    def prewarm_names(self) -> list[str]:
+        """The adapters loaded at replica start, at most max_loras of them (the rest would evict them)."""
+        names = [n.strip() for n in self.prewarm.split(",") if n.strip()]
+        if len(names) > self.max_loras:
+            raise ValueError(f"serve argument 'prewarm' names {len(names)} adapters but max_loras={self.max_loras} "
+                             "can hold only that many; name fewer or raise max_loras")
+        return [check_name(n, "serve argument 'prewarm'") for n in names]

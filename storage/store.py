@@ -78,8 +78,9 @@ class LocalStore:
             return []
         return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
 
-    def upload_dir(self, local_dir: str, key: str) -> None:
-        """Copy a folder in under `key`, visible only when complete (temporary name, rename)."""
+    def upload_dir(self, local_dir: str, key: str, last: str | None = None) -> None:
+        """Copy a folder in under `key`, visible only when complete (temporary name, rename; `last`, the
+        file S3 writes last so that readers gated on it see all or nothing, needs no order here)."""
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_beside(dest)
@@ -179,8 +180,11 @@ class S3Store:
         base, pages = self._list(prefix, None)
         return sorted(o["Key"][len(base):] for page in pages for o in page.get("Contents", []))
 
-    def upload_dir(self, local_dir: str, key: str) -> None:
-        for path in sorted(Path(local_dir).rglob("*")):
+    def upload_dir(self, local_dir: str, key: str, last: str | None = None) -> None:
+        """Upload a folder's files under `key`; `last` (a relative path) goes after all the others, so a
+        reader that waits for it sees the folder whole (each object appears whole when its upload ends)."""
+        files = sorted(Path(local_dir).rglob("*"), key=lambda p: (p.relative_to(local_dir).as_posix() == last, p))
+        for path in files:
             if path.is_file():
                 rel = join(key, path.relative_to(local_dir).as_posix())
                 self._call("upload", rel, self.client.upload_file, str(path), self.bucket, self._key(rel))

@@ -4,6 +4,8 @@ import os
 import pytest
 import torch
 
+from deploy.local_s3 import S3Server
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 turns dashboard token auth on by default
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Credentials for the local S3 server, set before any Ray worker starts so workers inherit them.
@@ -68,39 +70,6 @@ def adapter_dir(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("adapter")
     peft.save_pretrained(out)
     return str(out)
-
-
-class S3Server:
-    """A real S3-compatible server (moto's) in a child process, on a free local port."""
-
-    def __init__(self):
-        import socket
-        import subprocess
-        import sys
-        import time
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        import urllib.request
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(self.url + "/moto-api/", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("moto server did not start")
-
-    def client(self):
-        import boto3
-        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1")
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,10 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from net import free_port
 from rl.algorithm import AlgorithmConfig, compute_advantages, policy_loss
 from rl.batch import build_items
 from rl.rollout import Episode, Turn
-from vlm.sharding import free_port
 
 
 def make_items(model_dir, prompts_per_minibatch=1):

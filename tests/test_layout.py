@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Lowest first. A module may import its own package and packages of lower layers, nothing else.
 LAYERS = [
-    {"storage"},
+    {"storage", "net"},
     {"assets", "configs", "telemetry", "envs", "inference"},
     {"vlm"},
     {"rl"},

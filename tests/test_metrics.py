@@ -18,7 +18,8 @@ import pytest
 import requests
 import yaml
 
-from deploy.local_cluster import LocalCluster, free_port
+from deploy.local_cluster import LocalCluster
+from net import free_port
 from tests.conftest import signal_at_steps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,7 +171,8 @@ def _post_when_ready(url: str, body: dict, timeout_s: float = 300) -> requests.R
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory, tiny_model_dir):
     """The cluster, its Prometheus, and the time windows of the training run and of the requests."""
-    from tests.conftest import S3Server, make_adapter
+    from deploy.local_s3 import S3Server
+    from tests.conftest import make_adapter
     folder = tmp_path_factory.mktemp("observed")
     cluster = LocalCluster(folder / "cluster")
     cluster.up(workers=1, cpus=4, devices=1)

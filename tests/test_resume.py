@@ -125,7 +125,7 @@ def test_checkpoint_store_faults_are_bounded_retried_and_reported(tiny_model_dir
     import subprocess
     import sys
 
-    from tests.conftest import S3Server
+    from deploy.local_s3 import S3Server
     from tests.test_e2e import ROOT
     server = S3Server()
     try:

@@ -2,21 +2,15 @@
 LRU eviction, the official openai client, and bad requests that never take the server down."""
 import json
 import shutil
-import socket
 
 import numpy as np
 import pytest
 import requests
 
+from net import free_port
 from serving.maze_client import data_url
 from tests.conftest import make_adapter
 from tests.test_e2e import ROOT
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def png_data_url(seed=0, side=144, noise=True):

@@ -9,24 +9,9 @@ a sizeable share of a small model's train pass on a GPU (bench/RECORD.md).
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-def node_ip() -> str:
-    try:
-        import ray
-        return ray.util.get_node_ip_address()
-    except Exception:
-        return "127.0.0.1"
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> None:

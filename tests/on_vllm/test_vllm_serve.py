@@ -2,11 +2,11 @@
 (moto), driven with the official openai client beside the hf server of the same settings."""
 import pytest
 
+from net import free_port
 from serving.maze_client import messages_for, openai_chat, play_as_configured
 from settings import load_config
 from tests.conftest import make_adapter
 from tests.on_vllm.test_vllm_engine import BASE
-from tests.test_serve import free_port
 
 BASE_ID = "maze-vl-base"
 
