@@ -4,6 +4,7 @@
     python driver.py --dry-run [key=value ...]               validate; print config and placement
     python driver.py --make-dataset DIR [key=value ...]      write train/eval sets + manifest
     python driver.py --eval-only [--adapter DIR|s3://...]    greedy eval of a model (+ adapter)
+    python driver.py --publish NAME [--step best|final|N]     the run's adapter under the serving prefix
 
 One step (`grpo_step` below), as docs/design.md draws it:
     rollouts (VLLMEngine x N, EnvPool) -> group-relative advantages (GRPO)
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -40,6 +40,13 @@ def parse_args(argv):
     ap.add_argument("--eval-only", action="store_true", help="evaluate greedily on the eval set and exit")
     ap.add_argument("--eval-set", metavar="FILE", help="with --eval-only: another eval .jsonl")
     ap.add_argument("--adapter", metavar="DIR", help="with --eval-only: a LoRA adapter folder or s3:// prefix")
+    ap.add_argument("--publish", metavar="NAME",
+                    help="publish the run's adapter for serving as <trainer.publish_path or --to>/NAME, then exit")
+    ap.add_argument("--step", default="best", metavar="best|final|N",
+                    help="with --publish: the validation-best (the default; the last export if the run has none), "
+                         "the last export, or export step N")
+    ap.add_argument("--to", metavar="PREFIX", help="with --publish: the serving prefix (a folder or s3://...)")
+    ap.add_argument("--force", action="store_true", help="with --publish: replace an adapter of that name")
     ap.add_argument("--chaos-kill-every", type=int, default=0, metavar="N",
                     help="kill a random actor every N steps (tests your recovery set-up; see docs/fault-tolerance.md)")
     ap.add_argument("--chaos-method", choices=("sigkill", "ray_kill", "mixed"), default="sigkill",
@@ -67,11 +74,11 @@ class Run:
 def grpo_step(step: int, state, fleet, run: Run) -> dict:
     """One GRPO step, top to bottom (state: rl.state.RunState, fleet: placement.fleet.Fleet).
     Each phase is timed into timing/<phase>; the metrics of the step come back."""
-    from inference.requests import AdapterRef
     from rl.algorithm import compute_advantages
     from rl.batch import build_items
     from rl.metrics import rollout_metrics
     from rl.rollout import rollout_tasks, training_sampling
+    from storage import adapters
     from telemetry.timing import Phases
 
     cfg = run.cfg
@@ -123,7 +130,7 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
 
     # 7. weight sync: adapter v+1 written atomically to shared storage, every engine loads it
     with phases("sync"):
-        adapter = AdapterRef(str(run.dir / "adapters" / f"v{state.version + 1}"), state.version + 1)
+        adapter = adapters.AdapterRef(str(run.dir / "adapters" / f"v{state.version + 1}"), state.version + 1)
         fleet.trainer.save_adapter(adapter.path)
     with phases("wake"):
         fleet.engines.wake_up()
@@ -131,7 +138,7 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
         loaded = fleet.engines.load_adapter(adapter)
         if any(v != adapter.version for v in loaded):
             raise RuntimeError(f"engines report adapter versions {loaded} after sync to v{adapter.version}")
-        prune_adapters(run.dir / "adapters", keep=2)
+        adapters.prune_versions(run.dir / "adapters", keep=2)
     status = fleet.engines.status()
     metrics |= {"sync/adapter_version": adapter.version,
                 "sync/adapter_load_s": max(s["last_adapter_load_s"] for s in status)}
@@ -151,7 +158,7 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
                 metrics |= choose_adapter(run, fleet, state, metrics["eval/all/avg_score"])
     if step % t.hf_save_interval == 0 or last:
         with phases("export"):
-            export_adapter(cfg, state)
+            adapters.export(state.adapter, t.export_path, step, cfg.s3)
     if step % t.ckpt_interval == 0 or last or fleet.save_failed:
         with phases("ckpt"):
             metrics |= fleet.checkpoint(state, run.config_yaml)
@@ -173,34 +180,16 @@ def choose_adapter(run: Run, fleet, state, eval_score: float) -> dict:
     """Early stopping by a validation set the eval set never sees: the adapter that beats every earlier
     one there (strictly, so a tie keeps the earlier) is exported as <export_path>/best/policy, with
     selection.json beside it saying its step and scores. The eval set only reports."""
-    import tempfile
-
     from rl.evaluate import evaluate, evaluation_sampling
-    from storage import open_store
+    from storage import adapters
     report = evaluate(fleet.runner, run.validation_rows, evaluation_sampling(run.cfg), state.version,
                       run.cfg.trainer.eval_batch_size)
     report.write(run.dir / "validation" / f"step_{state.step:05d}.jsonl")
     if state.best is None or report.solve_rate > state.best["validation"]:
         best = {"step": state.step, "validation": report.solve_rate, "eval": eval_score}
-        with tempfile.TemporaryDirectory() as tmp:  # adapter and selection.json appear together
-            shutil.copytree(state.adapter.path, Path(tmp) / "policy")
-            (Path(tmp) / "selection.json").write_text(json.dumps(best, indent=2) + "\n")
-            open_store(run.cfg.trainer.export_path, run.cfg.s3).upload_dir(tmp, "best")
+        adapters.export_best(state.adapter, run.cfg.trainer.export_path, best, run.cfg.s3)
         state.best = best
     return {"eval/validation/avg_score": report.solve_rate, "eval/validation/best_step": state.best["step"]}
-
-
-def export_adapter(cfg, state) -> None:
-    """{export_path}/global_step_N/policy/: the PEFT adapter the serve app reads."""
-    from storage import open_store
-    if state.adapter is not None:
-        open_store(cfg.trainer.export_path, cfg.s3).upload_dir(state.adapter.path, f"global_step_{state.step}/policy")
-
-
-def prune_adapters(folder: Path, keep: int) -> None:
-    versions = sorted(int(p.name[1:]) for p in folder.glob("v*") if p.name[1:].isdigit())
-    for v in versions[:-keep]:
-        shutil.rmtree(folder / f"v{v}", ignore_errors=True)
 
 
 def step_line(step: int, total: int, m: dict) -> str:
@@ -345,6 +334,47 @@ def eval_only(cfg, eval_set: str | None, adapter: str | None) -> int:
     return 0
 
 
+def publish(cfg, name: str, which: str, to: str | None, force: bool) -> int:
+    """The run's chosen adapter (`which`: best, final or a step) as <prefix>/<name>/ for serving, with
+    provenance.json: the run, the step, its eval score, the base model and the run config's hash."""
+    import hashlib
+
+    from storage import adapters
+    from telemetry.run_log import read_metrics
+    t = cfg.trainer
+    prefix = to or t.publish_path
+    if not prefix:
+        raise InputError("--publish needs a serving prefix: --to s3://bucket/lora-adapters (or a folder), or set "
+                         "trainer.publish_path")
+    steps = adapters.exported_steps(t.export_path, cfg.s3)
+    best = adapters.exported_best(t.export_path, cfg.s3) if which == "best" else None
+    if best is not None:
+        source, step = f"{t.export_path}/best/policy", best["step"]
+    elif which in ("best", "final") or which.isdigit():
+        step = int(which) if which.isdigit() else (steps[-1] if steps else None)
+        if step not in steps:
+            raise InputError(f"--step {which}: {t.export_path} holds no export of step {step} (it holds "
+                             f"{', '.join(map(str, steps)) or 'none'}); train first or name an exported step")
+        source = f"{t.export_path}/global_step_{step}/policy"
+    else:
+        raise InputError(f"--step takes best, final or a step number, not '{which}'")
+    scores = {h["step"]: h["eval/all/avg_score"] for h in read_metrics(Path(t.run_dir)) if "eval/all/avg_score" in h}
+    recorded = Path(t.run_dir) / "config.yaml"
+    config_text = recorded.read_text() if recorded.is_file() else to_yaml(cfg)
+    provenance = {"run": t.run_name, "run_dir": t.run_dir, "step": step, "chosen_by": "validation" if best else which,
+                  "eval_score": (best or {}).get("eval", scores.get(step)), "validation_score": (best or {}).get("validation"),
+                  "base_model": t.policy.model.path, "source": source,
+                  "config_sha256": hashlib.sha256(config_text.encode()).hexdigest(),
+                  "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        where = adapters.publish(source, prefix, name, provenance, force, cfg.s3)
+    except adapters.AdapterError as e:
+        raise InputError(str(e)) from None
+    print(f"published step {step} of {t.run_name} as {where} (serve it as <base_id>:{name})")
+    print(json.dumps(provenance, indent=2))
+    return 0
+
+
 def dry_run(cfg) -> int:
     from placement.plan import format_plan, make_plan
     print(to_yaml(cfg))
@@ -379,6 +409,8 @@ def main(argv=None) -> int:
             return make_dataset(cfg, args.make_dataset)
         if args.eval_only:
             return eval_only(cfg, args.eval_set, args.adapter)
+        if args.publish:
+            return publish(cfg, args.publish, args.step, args.to, args.force)
         return train(cfg, chaos_from_args(args))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

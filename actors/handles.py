@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference.requests import AdapterRef
+from storage.adapters import AdapterRef
 
 
 def is_remote(handle) -> bool:

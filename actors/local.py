@@ -7,11 +7,11 @@ import tempfile
 from actors.env_pool import EnvPool
 from actors.handles import EngineClient
 from actors.vllm_engine import VLLMEngine, engine_settings
-from inference.requests import AdapterRef
 from rl.evaluate import EvalReport, evaluate, evaluation_sampling
 from rl.inputs import make_prompters
 from rl.rollout import RolloutRunner
 from storage import is_s3, open_store
+from storage.adapters import AdapterRef
 from vlm.load import compute_dtype, resolve_device, resolve_model_path
 from vlm.processor import load_processor
 

@@ -11,7 +11,8 @@ import time
 
 import torch
 
-from inference.requests import AdapterRef, GenRequest, GenResult, Sampling
+from inference.requests import GenRequest, GenResult, Sampling
+from storage.adapters import AdapterRef
 
 
 class StaleAdapterError(RuntimeError):

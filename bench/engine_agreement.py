@@ -26,9 +26,10 @@ def play(backend, cfg, device, rows, adapters):
     from actors.env_pool import EnvPool
     from actors.handles import EngineClient
     from actors.vllm_engine import VLLMEngine, engine_settings
-    from inference.requests import AdapterRef, Sampling
+    from inference.requests import Sampling
     from rl.inputs import make_prompters
     from rl.rollout import RolloutRunner, task_of
+    from storage.adapters import AdapterRef
     from vlm.load import compute_dtype
     from vlm.processor import load_processor
 

@@ -48,10 +48,11 @@ def main():
     from actors.env_pool import EnvPool
     from actors.handles import EngineClient
     from actors.vllm_engine import VLLMEngine, engine_settings
-    from inference.requests import AdapterRef, Sampling
+    from inference.requests import Sampling
     from rl.inputs import load_datasets, make_prompters
     from rl.rollout import RolloutRunner, task_of
     from settings import load_config
+    from storage.adapters import AdapterRef
     from vlm.load import compute_dtype, resolve_model_path
     from vlm.processor import load_processor
 

@@ -340,6 +340,7 @@ def deploy(backend, settings, folders, base, base_id, args, tmp, out, on_gpu, ap
         def stop():
             server.terminate()
             server.wait(120)
+            wait_device_free()
             return sorted(set(VLLM_MEMORY_LINES.findall(log.read_text(errors="replace"))))
         return root, stop
     gpu = {"num_gpus": "1"} if on_gpu and backend == "hf" else {}  # the hf replica on the GPU
@@ -348,9 +349,25 @@ def deploy(backend, settings, folders, base, base_id, args, tmp, out, on_gpu, ap
 
     def stop():
         serve.delete(backend)
-        time.sleep(5)  # the replica's engine process lets go of the device
+        wait_device_free()
         return vllm_memory_lines(started) if backend == "vllm" else []
     return root, stop
+
+
+def wait_device_free(timeout_s: float = 180.0) -> None:
+    """Until the GPU's memory is back under 5% in use (an engine process lets go of it some seconds
+    after its app is deleted), so the next app starts with the device to itself; no-op without a GPU."""
+    import shutil
+    if not shutil.which("nvidia-smi"):
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        used, total = map(float, subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total",
+                                                 "--format=csv,noheader,nounits"], capture_output=True,
+                                                text=True).stdout.split("\n")[0].split(","))
+        if used < 0.05 * total:
+            return
+        time.sleep(2)
 
 
 if __name__ == "__main__":

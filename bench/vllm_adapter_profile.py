@@ -26,10 +26,11 @@ def main():
     from actors.handles import EngineClient
     from actors.vllm_engine import VLLMEngine, engine_settings
     from bench.rollout_throughput import random_adapter
-    from inference.requests import AdapterRef, Sampling
+    from inference.requests import Sampling
     from rl.inputs import load_datasets, make_prompters
     from rl.rollout import RolloutRunner, task_of
     from settings import load_config
+    from storage.adapters import AdapterRef
     from vlm.processor import load_processor
 
     ap = argparse.ArgumentParser()

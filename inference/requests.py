@@ -37,13 +37,6 @@ class GenResult:
     prompt_tokens: int = 0
 
 
-@dataclass(frozen=True)
-class AdapterRef:
-    """A LoRA adapter version on shared storage: what the policy hands the engines after a sync."""
-    path: str
-    version: int
-
-
 # Markup an answer must never hold: a stray <|image_pad|> would re-enter the next prompt as a picture
 # placeholder with no picture behind it. The hf engine suppresses these tokens; vLLM's answers are
 # cut at the first one.

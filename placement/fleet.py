@@ -19,13 +19,14 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, ObjectLostErr
 
 from actors.checkpointer import Checkpointer, CheckpointError, parse_step_path, resume_step
 from actors.handles import EngineClient, Sync, TrainingClient, call_all
-from inference.requests import AdapterRef
 from placement.chaos import NODE_KILL_PHASES, Chaos, kill_actor, start_killer
 from placement.groups import PlacementError
 from placement.launch import launch, restart_checkpointer, settle_nodes, teardown
 from placement.plan import make_plan
 from rl.rollout import RolloutRunner
 from rl.state import RunState
+from storage import adapters
+from storage.adapters import AdapterRef
 from storage.atomic import write_atomic
 
 # What an actor's death looks like to the driver: a crashed, killed or unreachable actor, or an
@@ -165,7 +166,7 @@ class Fleet:
         adapter = AdapterRef(str(folder), version) if version else None
         if adapter:
             self.engines.load_adapter(adapter)
-        state.restore(trainer_state, adapter, self.exported_best())
+        state.restore(trainer_state, adapter, adapters.exported_best(t.export_path, self.cfg.s3))
         self.durable_step, self.save_failed = state.step, False
         return time.perf_counter() - started
 
@@ -173,20 +174,13 @@ class Fleet:
         """A run with nothing to resume starts from the base, or from trainer.policy.model.lora.init_from:
         the shards take its weights and write them as adapter v1, which the engines load, so the
         step-0 eval and the first rollouts see what the trainer holds."""
-        from rl.inputs import read_adapter
         if self.start_from is None:
             return
-        self.trainer.load_adapter_weights(read_adapter(self.start_from, self.cfg.s3))
+        self.trainer.load_adapter_weights(adapters.read_weights(self.start_from, self.cfg.s3))
         adapter = AdapterRef(str(self.run_dir / "adapters" / "v1"), 1)
         self.trainer.save_adapter(adapter.path)
         self.engines.load_adapter(adapter)
         state.adapter = adapter
-
-    def exported_best(self) -> dict | None:
-        """The selection.json of the adapter the validation set chose (driver.choose_adapter), if any."""
-        from storage import open_store
-        store = open_store(self.cfg.trainer.export_path, self.cfg.s3)
-        return json.loads(store.get_bytes("best/selection.json")) if store.exists("best/selection.json") else None
 
     def checkpoint(self, state: RunState, config_yaml: str) -> dict:
         """Save the full training state of `state.step`, in at most trainer.ckpt_timeout_s. A failed

@@ -14,9 +14,7 @@ import numpy as np
 from envs.base import Environment
 from envs.registry import get_environment
 from envs.rows import load_rows
-from storage import StorageError, is_s3, open_store
-from storage.adapters import ADAPTER_FILES, adapter_prefix
-from storage.store import join
+from storage import adapters, is_s3
 from vlm.chat import ChatPrompter
 from vlm.load import model_source
 
@@ -121,17 +119,10 @@ def load_validation(cfg) -> list[dict]:
 
 def adapter_folder(path: str, s3_cfg=None, key: str = "--adapter") -> str:
     """The PEFT adapter `key` names (a folder or s3:// prefix): the place itself, or an export's `policy/`."""
-    if not is_s3(path) and not Path(path).is_dir():
-        raise InputError(f"{key} '{path}' is not a folder; give an adapter folder such as "
-                         f"runs/default/exports/global_step_64/policy")
     try:
-        prefix = adapter_prefix(open_store(path, s3_cfg))
-    except StorageError as e:
-        raise InputError(f"{key} '{path}': {e}") from None
-    if prefix is None:
-        raise InputError(f"{key} '{path}' holds no {' and '.join(ADAPTER_FILES)}; give a PEFT adapter folder "
-                         f"(a run exports them to <export_path>/global_step_N/policy)")
-    return join(path, prefix) if is_s3(path) else str(Path(path, prefix))
+        return adapters.find(path, s3_cfg, key)
+    except adapters.AdapterError as e:
+        raise InputError(str(e)) from None
 
 
 def initial_adapter(cfg) -> str | None:
@@ -144,7 +135,7 @@ def initial_adapter(cfg) -> str | None:
         raise InputError(f"{key} '{lora.init_from}' does not exist; train the stage it names first (its run "
                          f"exports the adapter there), or set {key}=null to start from the base")
     folder = adapter_folder(lora.init_from, cfg.s3, key)
-    saved = json.loads(open_store(folder, cfg.s3).get_bytes("adapter_config.json"))
+    saved = adapters.read_config(folder, cfg.s3)
     if saved.get("r") != lora.rank:
         raise InputError(f"{key} '{lora.init_from}' has LoRA rank {saved.get('r')} but trainer.policy.model.lora.rank "
                          f"is {lora.rank}; set the rank it was trained with")
@@ -156,12 +147,6 @@ def initial_adapter(cfg) -> str | None:
         raise InputError(f"{key} '{lora.init_from}' adapts {','.join(adapted)} but trainer.policy.model.lora."
                          f"target_modules is {lora.target_modules}; set the modules it was trained with")
     return folder
-
-
-def read_adapter(folder: str, s3_cfg=None) -> dict:
-    """The LoRA tensors of a PEFT adapter folder or s3:// prefix (safetensors: nothing is unpickled)."""
-    from safetensors.torch import load
-    return load(open_store(folder, s3_cfg).get_bytes("adapter_model.safetensors"))
 
 
 def make_prompters(processor, cfg) -> dict[str, ChatPrompter]:

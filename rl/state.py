@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.requests import AdapterRef
 from rl.sampler import PromptSampler
+from storage.adapters import AdapterRef
 
 
 @dataclass

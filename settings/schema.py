@@ -103,6 +103,9 @@ class TrainerConfig:
     resume_path: Optional[str] = None
     ckpt_path: str = "runs/default/ckpts"
     export_path: str = "runs/default/exports"
+    # visrl: the serving prefix `driver.py --publish NAME` writes <publish_path>/NAME/ under: what the serve
+    # app's (and ray.serve.llm's) dynamic_lora_loading_path reads
+    publish_path: Optional[str] = None
     max_ckpts_to_keep: int = -1
     max_restarts: int = 10  # visrl: actor-group rebuilds (each a lost actor or node) before the run gives up
     fail_on_ckpt_error: bool = False  # visrl: stop the run when a checkpoint cannot be saved

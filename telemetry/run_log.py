@@ -17,6 +17,14 @@ from telemetry.prometheus import PrometheusExporter
 from telemetry.trackers import open_tracker
 
 
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The steps a run's metrics.jsonl holds, in order (none if it has not logged yet)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 class RunLog:
     def __init__(self, run_dir: str, keep_through_step: int = -1, logger: str = "tensorboard", prometheus: bool = True,
                  project: str = "visrl", run_name: str = "default", config: dict | None = None):
@@ -67,9 +75,7 @@ class RunLog:
             self.tracker.log(step, numbers)
 
     def history(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_metrics(self.dir)
 
     def close(self, curve: Path | None = None) -> None:
         """`curve`: the learning curve's picture, for the tracker."""

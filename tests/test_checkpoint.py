@@ -1,5 +1,4 @@
 """Checkpoints: exact round trips, resume equals an uninterrupted run, crashes mid-save, S3."""
-import json
 import os
 import signal
 import subprocess
@@ -14,33 +13,10 @@ import torch
 
 from actors.checkpointer import MARKER, Checkpointer, CheckpointError, resume_step
 from settings.schema import S3Config
+from tests.helpers import fake_state
+from tests.helpers import save_fake_checkpoint as save
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def fake_state(step):
-    """A policy state shaped like FSDPPolicyShard.state_dict() (optimizer from a real AdamW)."""
-    torch.manual_seed(step)
-    p = torch.nn.Parameter(torch.randn(4, 3))
-    opt = torch.optim.AdamW([p], lr=1e-3)
-    p.grad = torch.randn(4, 3)
-    opt.step()
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
-    return {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "optimizer_steps": step,
-            "torch_rng": torch.get_rng_state()}
-
-
-def fake_adapter(folder, step):
-    from safetensors.torch import save_file
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({"base_model.model.x.lora_A.weight": torch.full((2, 2), float(step))}, str(folder / "adapter_model.safetensors"))
-    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2}))
-    return str(folder)
-
-
-def save(ck, step, tmp_path):
-    return ck.save(step, {"global_step": step, "sampler": {"epoch": 0, "cursor": step}}, fake_state(step),
-                   fake_adapter(tmp_path / f"adapter{step}", step))
 
 
 def test_round_trip_is_bit_identical_and_prunes_keep_the_latest(tmp_path):
@@ -93,7 +69,7 @@ def test_a_first_save_cut_short_starts_over_but_a_committed_one_lost_is_an_error
 SAVER = """
 import sys, json, time, torch
 sys.path.insert(0, {root!r})
-from tests.test_checkpoint import save
+from tests.helpers import save_fake_checkpoint as save
 from actors.checkpointer import Checkpointer
 from pathlib import Path
 ck = Checkpointer({path!r}, max_ckpts_to_keep=2)

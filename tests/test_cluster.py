@@ -143,7 +143,7 @@ def test_two_shards_on_two_nodes_train_like_one(cluster, tiny_model_dir, tmp_pat
 
     from safetensors.torch import load_file
 
-    from tests.test_fsdp import make_items, train_with
+    from tests.helpers import make_items, train_with
     batch = make_items(tiny_model_dir)
     one, lora_one = train_with(1, tiny_model_dir, tmp_path, batch)
     (tmp_path / "items.pkl").write_bytes(pickle.dumps(batch))

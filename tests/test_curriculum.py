@@ -7,8 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import make_adapter
-from tests.test_e2e import run_driver, tiny_run_args
+from tests.helpers import make_adapter, run_driver, tiny_run_args
 
 
 def answers(path):
@@ -44,7 +43,7 @@ def test_an_adapter_of_other_target_modules_is_refused_whole(tiny_model_dir, tmp
     from transformers import AutoModelForImageTextToText
 
     from actors.policy_shard import FSDPPolicyShard, lora_config
-    from rl.inputs import read_adapter
+    from storage.adapters import read_weights as read_adapter
     shard = FSDPPolicyShard(tiny_model_dir, lora={"rank": 4, "alpha": 8, "target_modules": "q_proj,v_proj"})
     shard.model = get_peft_model(AutoModelForImageTextToText.from_pretrained(tiny_model_dir), lora_config(shard.lora_cfg))
     before = {n: p.detach().clone() for n, p in shard.model.named_parameters() if p.requires_grad}

@@ -1,29 +1,10 @@
 """Two GRPO steps of the real pipeline, through real Ray actors, on a tiny model."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.helpers import run_driver, tiny_run_args
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def tiny_run_args(model_dir, run):
-    return [f"trainer.policy.model.path={model_dir}", f"trainer.run_dir={run}", f"data.dataset_dir={run}/data",
-            "data.train_size=4", "data.eval_size=4", "data.validation_size=2", "data.solvable_only=false",
-            "trainer.train_batch_size=2",
-            "trainer.policy_mini_batch_size=1", "trainer.epochs=1", "generator.n_samples_per_prompt=2",
-            "generator.max_turns=3", f"trainer.export_path={run}/exports", f"trainer.ckpt_path={run}/ckpts",
-            "trainer.hf_save_interval=1", "trainer.eval_interval=1", "trainer.placement.cpus_per_bundle=1",
-            "trainer.algorithm.use_kl_loss=true",
-            # a random tiny model rarely solves a maze: keep all-zero groups so every step trains
-            "trainer.algorithm.filter_zero_advantage_groups=false"]
-
-
-def run_driver(args, timeout=600, env_extra=None):
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env_extra or {})}
-    return subprocess.run([sys.executable, "driver.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
 
 
 def test_two_grpo_steps_through_ray_actors(tiny_model_dir, tmp_path):

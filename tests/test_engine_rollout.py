@@ -7,10 +7,11 @@ from safetensors.torch import load_file
 from actors.env_pool import EnvPool
 from actors.handles import EngineClient
 from actors.vllm_engine import StaleAdapterError, VLLMEngine
-from envs.maze import MazeEnv
 from envs.prompt import INSTRUCTION
-from inference.requests import AdapterRef, GenRequest, Sampling
+from inference.requests import GenRequest, Sampling
 from rl.rollout import RolloutRunner, Task
+from storage.adapters import AdapterRef
+from tests.helpers import requests_for
 from vlm.forward import score_seqs
 from vlm.processor import load_processor
 
@@ -20,18 +21,6 @@ GREEDY = Sampling(max_new_tokens=6, temperature=0.0)
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
     return VLLMEngine(tiny_model_dir, backend="hf", device="cpu")
-
-
-def requests_for(prompter, seeds, feedbacks):
-    reqs = []
-    for seed, fb in zip(seeds, feedbacks):
-        env = MazeEnv(cell_px=16)
-        image, _ = env.reset(seed=seed)
-        answer = prompter.tok.encode("<action>up</action>", add_special_tokens=False)
-        ids, _ = prompter.prompt(["", fb], [answer], window=0 if fb else 1)
-        n_images = 2 if fb else 1
-        reqs.append(GenRequest(prompt_ids=ids, images=[image] * n_images))
-    return reqs
 
 
 def test_batched_equals_unbatched_under_greedy(engine, prompter):

@@ -8,51 +8,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from net import free_port
-from rl.algorithm import AlgorithmConfig, compute_advantages, policy_loss
-from rl.batch import build_items
-from rl.rollout import Episode, Turn
-
-
-def make_items(model_dir, prompts_per_minibatch=1):
-    from actors.env_pool import EnvPool
-    from envs.prompt import INSTRUCTION
-    from vlm.chat import ChatPrompter
-    from vlm.processor import load_processor
-    tok = load_processor(model_dir).tokenizer
-    prompter = ChatPrompter(tok, 81, INSTRUCTION)
-    pool = EnvPool("maze_2d/easy", 16, 15)
-    episodes = []
-    for i in range(8):
-        start = pool.reset([f"e{i}"], seeds=[i])[0]
-        ep = Episode(f"e{i}", i // 4, i, reward=float(i % 3 == 0))
-        ep.images.append(start["image"])
-        answer = tok.encode("<action>" + ["up", "down", "left"][i % 3] + "</action>", add_special_tokens=False) + [2]
-        ep.turns.append(Turn(prompter.prompt([""], [], 1)[0], answer, [-1.0] * len(answer), [0], ""))
-        episodes.append(ep)
-    adv = compute_advantages(AlgorithmConfig(), episodes)
-    items = build_items(episodes, adv, prompts_per_minibatch=prompts_per_minibatch, reduction="token_mean")
-    rng = np.random.default_rng(0)
-    # a reference policy that differs a little, so the KL term has a gradient
-    ref = {it.key: (it.seq.rollout_logprobs() + rng.normal(0, 0.1, it.n_scored)).astype(np.float32) for it in items}
-    return {"items": items, "ref": ref}
-
-
-def spawn_on_items(worker, world_size, model_dir, tmp_path, batch):
-    """Run a tests.fsdp_worker function on `world_size` ranks over `batch` (make_items); returns its output folder."""
-    items_path = tmp_path / "items.pkl"
-    items_path.write_bytes(pickle.dumps(batch))
-    out = tmp_path / f"{worker.__name__}-w{world_size}"
-    out.mkdir()
-    mp.start_processes(worker, args=(world_size, free_port(), model_dir, str(items_path), str(out)),
-                       nprocs=world_size, start_method="spawn", join=True)
-    return out
-
-
-def train_with(world_size, model_dir, tmp_path, batch):
-    from tests.fsdp_worker import run_rank
-    out = spawn_on_items(run_rank, world_size, model_dir, tmp_path, batch)
-    result = pickle.loads((out / "result.pkl").read_bytes())
-    return result, load_file(str(out / "adapter" / "adapter_model.safetensors"))
+from rl.algorithm import policy_loss
+from tests.helpers import make_items, spawn_on_items, train_with
 
 
 def test_two_shards_match_one(tiny_model_dir, tmp_path):

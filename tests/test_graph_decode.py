@@ -3,14 +3,12 @@ what transformers' `generate` gives, and log-probs the trainer's scoring agrees 
 same step is replayed as a CUDA graph (tests/on_gpu/test_graph_decode.py)."""
 import numpy as np
 import pytest
-import torch
 
 from actors.vllm_engine import VLLMEngine
 from inference.graph_decode import batch_bucket
-from inference.requests import AdapterRef, Sampling
-from tests.test_engine_rollout import requests_for
-from vlm.forward import TrainSeq, score_seqs
-from vlm.processor import load_processor
+from inference.requests import Sampling
+from storage.adapters import AdapterRef
+from tests.helpers import assert_trainer_agrees, requests_for
 
 
 @pytest.fixture(scope="module")
@@ -34,20 +32,6 @@ def test_greedy_decoding_equals_generate(engines, prompter):
         for a, b in zip(ours, theirs):
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     assert len(engines["eager"].backend.decoder.buffers) == 1  # both batches used one bucket
-
-
-def assert_trainer_agrees(engine, prompter, model_dir, device: str, atol: float) -> list:
-    """Sample at temperature 0.7 and score the same tokens as the trainer does: the log-probs must
-    agree (the behaviour policy the importance weights and the gap rest on). Returns the results."""
-    reqs = requests_for(prompter, [6, 7, 8, 9], ["", "Moved left.", "", "Moved down."])
-    results = engine.generate(reqs, Sampling(max_new_tokens=6, temperature=0.7, seed=3))
-    seqs = [TrainSeq(f"s{i}", r.prompt_ids + res.token_ids, [0] * len(r.prompt_ids) + [1] * len(res.token_ids),
-                     [0.0] * len(r.prompt_ids) + res.logprobs, r.images)
-            for i, (r, res) in enumerate(zip(reqs, results))]
-    scored = score_seqs(engine.backend.model, load_processor(model_dir), seqs, 4, device, torch.float32, 0.7)
-    for seq, logp in zip(seqs, scored):
-        np.testing.assert_allclose(logp, seq.rollout_logprobs(), atol=atol)
-    return results
 
 
 def test_sampled_logprobs_are_the_trainers(engines, prompter, tiny_model_dir):

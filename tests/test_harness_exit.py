@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.test_e2e import ROOT
+from tests.helpers import ROOT
 
 TESTS = {
     "passing": "def test_ok():\n    assert True\n",

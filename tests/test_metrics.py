@@ -20,7 +20,7 @@ import yaml
 
 from deploy.local_cluster import LocalCluster
 from net import free_port
-from tests.conftest import signal_at_steps
+from tests.helpers import signal_at_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -172,7 +172,7 @@ def _post_when_ready(url: str, body: dict, timeout_s: float = 300) -> requests.R
 def observed(tmp_path_factory, tiny_model_dir):
     """The cluster, its Prometheus, and the time windows of the training run and of the requests."""
     from deploy.local_s3 import S3Server
-    from tests.conftest import make_adapter
+    from tests.helpers import make_adapter
     folder = tmp_path_factory.mktemp("observed")
     cluster = LocalCluster(folder / "cluster")
     cluster.up(workers=1, cpus=4, devices=1)

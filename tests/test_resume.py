@@ -4,8 +4,7 @@ import json
 
 from safetensors.torch import load_file
 
-from tests.conftest import logged_steps, signal_at_steps
-from tests.test_e2e import run_driver, tiny_run_args
+from tests.helpers import logged_steps, run_driver, signal_at_steps, tiny_run_args
 
 VOLATILE = ("timing/", "time", "ckpt/", "sync/adapter_load_s", "generate/tokens_per_s", "generate/total_tokens_per_s",
             "generate/episodes_per_min", "recovery/", "memory/")
@@ -87,7 +86,7 @@ def test_a_killed_driver_and_a_corrupt_checkpoint_resume_without_repeating_a_ste
     import sys
     import time
 
-    from tests.test_e2e import ROOT
+    from tests.helpers import ROOT
     run = tmp_path / "run"
     args = tiny(tiny_model_dir, run)
     proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -126,7 +125,7 @@ def test_checkpoint_store_faults_are_bounded_retried_and_reported(tiny_model_dir
     import sys
 
     from deploy.local_s3 import S3Server
-    from tests.test_e2e import ROOT
+    from tests.helpers import ROOT
     server = S3Server()
     try:
         server.client().create_bucket(Bucket="faults")

@@ -26,7 +26,7 @@ def test_each_heldout_set_is_evaluated_into_its_own_folder(tiny_model_dir, tmp_p
 
     from bench.seeds import run_seed
     from envs.registry import get_environment
-    from tests.conftest import make_adapter
+    from tests.helpers import make_adapter
     assert parse_args(["--heldout", "a.jsonl", "--heldout", "b.jsonl"]).heldout == ["a.jsonl", "b.jsonl"]
     # a seed's folder as a finished run leaves it: curve, eval rows, adapters (v2 the final one)
     folder = tmp_path / "seed_0"

@@ -8,23 +8,7 @@ import pytest
 import requests
 
 from net import free_port
-from serving.maze_client import data_url
-from tests.conftest import make_adapter
-from tests.test_e2e import ROOT
-
-
-def png_data_url(seed=0, side=144, noise=True):
-    rng = np.random.default_rng(seed)
-    img = rng.integers(0, 255, (side, side, 3), dtype=np.uint8) if noise else np.full((side, side, 3), 200, np.uint8)
-    return data_url(img)
-
-
-def chat_body(model, image=True, **kw):
-    content = [{"type": "text", "text": "Where next?"}]
-    if image:
-        content.append({"type": "image_url", "image_url": {"url": png_data_url()}})
-    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 6, "temperature": 0,
-            **kw}
+from tests.helpers import ROOT, chat_body, make_adapter, png_data_url
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_e2e import ROOT, run_driver
+from tests.helpers import ROOT, run_driver
 
 BASE = ROOT / "assets" / "maze-vl-base"
 

@@ -3,29 +3,18 @@ sleeps, and with merge_lora each adapter version is merged over the base restore
 
 Needs CUDA: skipped elsewhere (CI has no GPU); on a GPU machine run `python -m pytest tests/on_gpu`.
 """
-import shutil
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from actors.vllm_engine import VLLMEngine
-from inference.requests import AdapterRef, Sampling
-from tests.test_engine_rollout import requests_for
+from inference.requests import Sampling
+from storage.adapters import AdapterRef
+from tests.helpers import requests_for
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 GREEDY = Sampling(temperature=0.0, max_new_tokens=8)
-
-
-@pytest.fixture(scope="module")
-def second_adapter(adapter_dir, tmp_path_factory):
-    """The same adapter with its B matrices doubled: another version of it."""
-    out = tmp_path_factory.mktemp("adapter-v2")
-    shutil.copy(f"{adapter_dir}/adapter_config.json", out)
-    tensors = load_file(f"{adapter_dir}/adapter_model.safetensors")
-    save_file({k: v * 2 if "lora_B" in k else v for k, v in tensors.items()}, str(out / "adapter_model.safetensors"))
-    return str(out)
 
 
 def weights(engine) -> dict:

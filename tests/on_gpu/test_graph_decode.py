@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from actors.vllm_engine import VLLMEngine
-from inference.requests import AdapterRef, Sampling
-from tests.on_gpu.test_engine_sleep import second_adapter  # noqa: F401 (a fixture)
-from tests.test_engine_rollout import requests_for
-from tests.test_graph_decode import assert_trainer_agrees
+from inference.requests import Sampling
+from storage.adapters import AdapterRef
+from tests.helpers import assert_trainer_agrees, requests_for
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 GREEDY = Sampling(temperature=0.0, max_new_tokens=8)

@@ -17,16 +17,17 @@ import pytest
 from actors.env_pool import EnvPool
 from actors.handles import EngineClient
 from actors.vllm_engine import StaleAdapterError, VLLMEngine, engine_settings
-from inference.requests import AdapterRef, Sampling
+from inference.requests import Sampling
 from inference.vllm_backend import AdapterRankError
 from rl.inputs import load_datasets, make_prompters
 from rl.rollout import RolloutRunner, task_of
 from settings import load_config
-from tests.conftest import make_adapter
+from storage.adapters import AdapterRef
+from tests.helpers import EMBEDDED_BASE as BASE
+from tests.helpers import make_adapter
 from vlm.processor import load_processor
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = str(ROOT / "assets" / "maze-vl-base")
 GREEDY = Sampling(max_new_tokens=8, temperature=0.0)
 LOGPROB_TOL = 1e-4
 

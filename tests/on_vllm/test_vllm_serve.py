@@ -5,8 +5,8 @@ import pytest
 from net import free_port
 from serving.maze_client import messages_for, openai_chat, play_as_configured
 from settings import load_config
-from tests.conftest import make_adapter
-from tests.on_vllm.test_vllm_engine import BASE
+from tests.helpers import EMBEDDED_BASE as BASE
+from tests.helpers import make_adapter
 
 BASE_ID = "maze-vl-base"
 
