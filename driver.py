@@ -342,10 +342,12 @@ def publish(cfg, name: str, which: str, to: str | None, force: bool) -> int:
     from storage import adapters
     from telemetry.run_log import read_metrics
     t = cfg.trainer
+    from settings.load import refuse_placeholder
     prefix = to or t.publish_path
     if not prefix:
         raise InputError("--publish needs a serving prefix: --to s3://bucket/lora-adapters (or a folder), or set "
                          "trainer.publish_path")
+    refuse_placeholder("--to" if to else "trainer.publish_path", prefix)
     steps = adapters.exported_steps(t.export_path, cfg.s3)
     best = adapters.exported_best(t.export_path, cfg.s3) if which == "best" else None
     if best is not None:

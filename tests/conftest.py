@@ -73,6 +73,15 @@ def adapter_dir(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_run(tiny_model_dir, tmp_path_factory):
+    """(run folder, finished process) of two GRPO steps of the tiny model through the real driver
+    (tests.helpers.tiny_run_args), made once: several tests read it, none changes it."""
+    from tests.helpers import run_driver, tiny_run_args
+    run = tmp_path_factory.mktemp("tiny-run") / "run"
+    return run, run_driver(tiny_run_args(tiny_model_dir, run))
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     server = S3Server()
     yield server

@@ -81,6 +81,17 @@ def tiny_run_args(model_dir, run):
             "trainer.algorithm.filter_zero_advantage_groups=false"]
 
 
+def short_run_args(run, model_dir: str | None = None):
+    """One GRPO step of the shipped base (or `model_dir`) on two mazes, exported, with a validation set:
+    a trained adapter in about a minute, for tests that publish and serve one."""
+    return [f"trainer.run_dir={run}", f"data.dataset_dir={run}/data", f"trainer.export_path={run}/exports",
+            f"trainer.ckpt_path={run}/ckpts", "data.train_size=2", "data.eval_size=6", "data.validation_size=2",
+            "trainer.train_batch_size=2", "trainer.policy_mini_batch_size=2", "trainer.epochs=1",
+            "generator.n_samples_per_prompt=2", "trainer.eval_before_train=false", "trainer.resume_mode=none",
+            "trainer.algorithm.filter_zero_advantage_groups=false", "trainer.policy.optimizer_config.lr=0.01"] + \
+        ([f"trainer.policy.model.path={model_dir}"] if model_dir else [])
+
+
 def run_driver(args, timeout=600, env_extra=None):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env_extra or {})}
     return subprocess.run([sys.executable, "driver.py", *args], cwd=ROOT, capture_output=True, text=True,

@@ -3,6 +3,7 @@
 exists, the versions it pins are the lock files', and the commands it and the manifests run work in
 this environment. With KubeRay's CRDs at hand (deploy/kuberay/fetch_crds.sh), the manifests are also
 validated against them."""
+import json
 import os
 import re
 import shlex
@@ -15,7 +16,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CRDS = Path(os.environ.get("VISRL_KUBERAY_CRDS", ROOT / "runs" / "kuberay-crds"))
-IMAGES = {"cpu": "requirements/lock.txt", "gpu": "requirements/lock-gpu.txt"}
+IMAGES = {"cpu": "requirements/lock.txt", "gpu": "requirements/lock-gpu.txt", "serve": "requirements/lock-serve-gpu.txt"}
+BASE_IMAGES = {"cpu": "rayproject/ray", "gpu": "rayproject/ray", "serve": "rayproject/ray-llm"}  # Ray's own images
+MANIFEST_LOCKS = {"rayjob-train.yaml": "requirements/lock-gpu.txt", "rayservice-serve.yaml": "requirements/lock-serve-gpu.txt"}
 
 
 def pins(lock: str) -> dict:
@@ -33,7 +36,7 @@ def test_image_recipe_copies_existing_files_and_pins_the_lock(kind):
     steps = instructions(ROOT / "deploy" / f"Dockerfile.{kind}")
     lock = pins(IMAGES[kind])
     base = next(arg for op, arg in steps if op == "FROM")
-    assert base.startswith(f"rayproject/ray:{lock['ray']}-")  # the base's Ray is the tested one
+    assert base.startswith(f"{BASE_IMAGES[kind]}:{lock['ray']}-")  # the base's Ray is the tested one
     for op, arg in steps:
         if op == "COPY":
             *sources, _ = arg.split()
@@ -47,7 +50,7 @@ def test_image_recipe_copies_existing_files_and_pins_the_lock(kind):
     assert packages <= copied, packages - copied  # every package the wheel ships is in the image
 
 
-@pytest.mark.parametrize("kind", sorted(IMAGES))
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])  # the serving image's command is KubeRay's `ray start`
 def test_image_command_runs_here(kind):
     cmd = next(arg for op, arg in instructions(ROOT / "deploy" / f"Dockerfile.{kind}") if op == "CMD")
     argv = yaml.safe_load(cmd)
@@ -70,7 +73,7 @@ def test_manifests_run_the_tested_ray_with_a_cpu_head_and_gpu_workers(name):
     doc = manifest(name)
     assert doc["apiVersion"] == "ray.io/v1"
     spec = cluster_specs(doc)
-    assert spec["rayVersion"] == pins("requirements/lock-gpu.txt")["ray"]
+    assert spec["rayVersion"] == pins(MANIFEST_LOCKS[name])["ray"]
     head = spec["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"  # the head runs the driver and the proxy, not actors
     head_res = head["template"]["spec"]["containers"][0]["resources"]
@@ -81,25 +84,58 @@ def test_manifests_run_the_tested_ray_with_a_cpu_head_and_gpu_workers(name):
         assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
 
 
-def test_the_training_job_names_a_config_that_loads():
-    from settings import load_config
+def pods(doc: dict) -> list[dict]:
+    spec = cluster_specs(doc)
+    return [spec["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in spec["workerGroupSpecs"]]
+
+
+def fill(text: str, bucket: str = "my-bucket") -> str:
+    return text.replace("<bucket>", bucket)
+
+
+@pytest.mark.parametrize("name", ["rayjob-train.yaml", "rayservice-serve.yaml"])
+def test_pods_use_the_service_account_the_shared_cache_and_mark_gpu_placement(name):
+    """S3 through a service account (no static-key secret), HF_HOME on the shared claim (the base is
+    downloaded once), GPU workers tolerate the GPU taint and pick a node type left as a placeholder."""
+    doc = manifest(name)
+    account = yaml.safe_load((ROOT / "deploy" / "kuberay" / "serviceaccount.yaml").read_text())
+    assert account["kind"] == "ServiceAccount" and "role-arn" in next(iter(account["metadata"]["annotations"]))
+    for pod in pods(doc):
+        assert pod["serviceAccountName"] == account["metadata"]["name"]
+        for container in pod["containers"]:
+            assert "envFrom" not in container and "AWS_SECRET_ACCESS_KEY" not in json.dumps(container)
+            env = {e["name"]: e["value"] for e in container.get("env", [])}
+            mounts = {m["mountPath"] for m in container["volumeMounts"]}
+            assert env["HF_HOME"].startswith("/shared/") and "/shared" in mounts
+    for group in cluster_specs(doc)["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+        assert all(re.fullmatch(r"<[\w-]+>", v) for v in pod["nodeSelector"].values())
+
+
+def test_the_training_job_trains_then_publishes_with_values_from_its_config():
+    """KubeRay runs the entrypoint from a submitter pod of its own: nothing in it may come from an
+    environment variable. The config holds every value; with <bucket> left in it the driver stops."""
+    from settings import ConfigError, load_config
     doc = manifest("rayjob-train.yaml")
-    head = doc["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
-    env = {e["name"]: e["value"] for e in head["containers"][0]["env"]}
-    argv = shlex.split(re.sub(r"\$(\w+)", lambda m: env[m.group(1)], doc["spec"]["entrypoint"]))
-    assert argv[:2] == ["python", "driver.py"] and (ROOT / argv[1]).is_file()
-    config, overrides = argv[argv.index("--config") + 1], argv[argv.index("--config") + 2:]
-    cfg = load_config(ROOT / config, overrides)  # no placeholder left, every key known
+    entry = doc["spec"]["entrypoint"]
+    assert "$" not in entry
+    train, publish = [shlex.split(part) for part in entry.split("&&")]
+    assert train[:2] == ["python", "driver.py"] and (ROOT / train[1]).is_file()
+    assert publish[:len(train)] == train and publish[len(train):] == ["--publish", "maze-grpo"]
+    config = ROOT / train[train.index("--config") + 1]
+    with pytest.raises(ConfigError, match="placeholder <bucket>"):
+        load_config(config, train[train.index("--config") + 2:])
+    filled = [f"trainer.ckpt_path={fill('s3://<bucket>/ckpts')}"]
+    cfg = load_config(config, filled)
     assert cfg.trainer.ckpt_path.startswith("s3://") and cfg.trainer.run_dir.startswith("/shared/")
-    mounts = {m["mountPath"] for c in head["containers"] for m in c["volumeMounts"]}
-    assert "/shared" in mounts  # run_dir and exports are on the shared claim
     assert doc["spec"]["backoffLimit"] >= 1 and yaml.safe_load(doc["spec"]["runtimeEnvYAML"])["env_vars"]
-    out = subprocess.run([sys.executable, "driver.py", "--dry-run", "--config", config, *overrides], cwd=ROOT,
+    out = subprocess.run([sys.executable, "driver.py", "--dry-run", "--config", str(config), *filled], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "6 engines on 3 nodes" in out.stdout, out.stderr[-2000:]
 
 
-def test_the_serve_app_takes_the_services_arguments():
+def test_the_service_serves_through_ray_serve_llm_what_training_publishes():
     from serving.settings import ServeSettings
     doc = manifest("rayservice-serve.yaml")
     serve_config = yaml.safe_load(doc["spec"]["serveConfigV2"])
@@ -108,8 +144,14 @@ def test_the_serve_app_takes_the_services_arguments():
     module, attr = app["import_path"].split(":")
     assert (ROOT / f"{module}.py").is_file() and f"def {attr}(" in (ROOT / f"{module}.py").read_text()
     settings = ServeSettings.from_args(app["args"])
-    assert settings.backend == "hf" and settings.dynamic_lora_loading_path.startswith("s3://")
-    assert settings.device == "cuda" and settings.num_gpus == 1  # one GPU a replica
+    assert settings.backend == "vllm" and settings.prewarm_names() == ["maze-grpo"]
+    config = yaml.safe_load((ROOT / "configs" / "hyperpod_qwen3vl_8b.yaml").read_text())
+    assert settings.dynamic_lora_loading_path == config["trainer"]["publish_path"]  # the same prefix
+    assert settings.max_lora_rank >= config["trainer"]["policy"]["model"]["lora"]["rank"]
+    assert settings.base_model == config["trainer"]["policy"]["model"]["path"]
+    # the image's Ray is the one whose `llm` extra pins the vLLM that ran (requirements/lock-serve-gpu.txt)
+    lock = pins(MANIFEST_LOCKS["rayservice-serve.yaml"])
+    assert cluster_specs(doc)["rayVersion"] == lock["ray"] and lock["vllm"] == "0.26.0"
 
 
 @pytest.mark.skipif(not CRDS.is_dir(), reason=f"KubeRay's CRDs are not at {CRDS} (deploy/kuberay/fetch_crds.sh)")

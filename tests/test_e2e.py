@@ -1,15 +1,11 @@
 """Two GRPO steps of the real pipeline, through real Ray actors, on a tiny model."""
 import json
-from pathlib import Path
 
 from tests.helpers import run_driver, tiny_run_args
 
-ROOT = Path(__file__).resolve().parent.parent
 
-
-def test_two_grpo_steps_through_ray_actors(tiny_model_dir, tmp_path):
-    run = tmp_path / "run"
-    out = run_driver(tiny_run_args(tiny_model_dir, run))
+def test_two_grpo_steps_through_ray_actors(tiny_model_dir, tiny_run):
+    run, out = tiny_run
     assert out.returncode == 0, out.stderr[-3000:]
     history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [h["step"] for h in history] == [0, 1, 2]

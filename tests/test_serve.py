@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from net import free_port
-from tests.helpers import ROOT, chat_body, make_adapter, png_data_url
+from tests.helpers import ROOT, chat_body, make_adapter, png_data_url, run_driver, short_run_args
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +16,7 @@ def adapters(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("adapters")
     make_adapter(tiny_model_dir, root / "alpha", seed=1, scale=30.0)
     make_adapter(tiny_model_dir, root / "beta", seed=2, scale=30.0)
-    make_adapter(tiny_model_dir, root / "toolarge", seed=3, rank=8)
+    make_adapter(tiny_model_dir, root / "toolarge", seed=3, rank=32)
     export = root / "global_step_7" / "policy"  # a training run's export layout
     shutil.copytree(root / "alpha", export)
     return root
@@ -33,7 +33,7 @@ def server(tiny_model_dir, adapters, tmp_path_factory):
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     cache = tmp_path_factory.mktemp("cache")
     serve.run(app({"base_model": tiny_model_dir, "dynamic_lora_loading_path": str(adapters), "max_loras": "1",
-                   "max_lora_rank": "4", "cache_dir": str(cache), "max_body_bytes": str(2_000_000)}),
+                   "max_lora_rank": "16", "cache_dir": str(cache), "max_body_bytes": str(2_000_000)}),
               name="main", route_prefix="/", blocking=False)
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
@@ -281,10 +281,11 @@ def test_adapters_from_a_local_s3_server(server, tiny_model_dir, adapters, s3_se
     serve.delete("s3app")
 
 
-def test_a_maze_played_through_the_api_makes_the_eval_harness_moves(server, tmp_path):
-    """The served agent and the eval harness see the same chat, so greedy answers match move for move.
-    The shipped base plays (a random tiny model's garbage text does not survive a text round trip), on
-    trail mazes: the client must draw the row's own pictures (the cells left tinted) as the harness does."""
+def test_a_published_adapter_plays_the_mazes_as_eval_only_does(server, s3_server, tmp_path):
+    """From training to serving: a short CPU run, `driver.py --publish` to the S3 server, the serve app
+    serving it as <base>:<name>; a client's greedy moves on trail mazes equal `driver.py --eval-only` of
+    that adapter, and the base's equal the eval harness's. The shipped base plays (a random tiny model's
+    garbage text does not survive a text round trip), and the client draws each row's own pictures."""
     from ray import serve
 
     from actors.local import evaluate_locally
@@ -292,19 +293,38 @@ def test_a_maze_played_through_the_api_makes_the_eval_harness_moves(server, tmp_
     from serve_app import app
     from serving.maze_client import openai_chat, play_as_configured
     from settings import load_config
-    base = str(ROOT / "assets" / "maze-vl-base")
-    serve.run(app({"base_model": base, "cache_dir": str(tmp_path / "cache")}), name="maze", route_prefix="/maze",
-              blocking=False)
-    cfg = load_config(None, [f"trainer.run_dir={tmp_path}", f"data.dataset_dir={tmp_path}/data", "data.eval_size=6",
-                             "environment.env_class=maze_2d/easy_trail"])
+    run, s3 = tmp_path / "run", ["s3.endpoint_url=" + s3_server.url]
+    args = short_run_args(run) + ["environment.env_class=maze_2d/easy_trail"]
+    trained = run_driver(args)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    s3_server.client().create_bucket(Bucket="published")
+    published = run_driver(["--publish", "stage1", "--to", "s3://published/maze", *args, *s3])
+    assert published.returncode == 0, published.stderr[-3000:]
+    provenance = json.loads(s3_server.client().get_object(Bucket="published", Key="maze/stage1/provenance.json")["Body"].read())
+    selection = json.loads((run / "exports" / "best" / "selection.json").read_text())
+    assert provenance["step"] == selection["step"] and provenance["chosen_by"] == "validation"
+    assert provenance["base_model"] == "assets/maze-vl-base" and len(provenance["config_sha256"]) == 64
+    again = run_driver(["--publish", "stage1", "--to", "s3://published/maze", *args, *s3])
+    assert again.returncode == 2 and "exists already" in again.stderr and "--force" in again.stderr
+
+    evaluated = run_driver(["--eval-only", "--adapter", str(run / "exports" / "best" / "policy"), *args[1:],
+                            f"trainer.run_dir={tmp_path / 'eval'}"])
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    eval_only = [json.loads(line) for line in (tmp_path / "eval" / "eval_only.jsonl").read_text().splitlines()]
+    serve.run(app({"base_model": str(ROOT / "assets" / "maze-vl-base"), "cache_dir": str(tmp_path / "cache"),
+                   "dynamic_lora_loading_path": "s3://published/maze", "s3_endpoint_url": s3_server.url}),
+              name="maze", route_prefix="/maze", blocking=False)
+    cfg = load_config(None, args)
     _, rows = load_datasets(cfg)
+    chat = openai_chat(f"{server}/maze/v1")
     harness = evaluate_locally(cfg, rows)
     assert max(m["turns"] for m in harness.per_row) > 2  # moves enough to leave a trail behind
-    chat = openai_chat(f"{server}/maze/v1")
-    played = [play_as_configured(chat, "maze-vl-base", row, cfg) for row in rows]
+    played = {model: [play_as_configured(chat, model, row, cfg) for row in rows]
+              for model in ("maze-vl-base", "maze-vl-base:stage1")}
     serve.delete("maze")
-    assert [p["answers"] for p in played] == [m["answers"] for m in harness.per_row]
-    assert [p["solved"] for p in played] == [m["solved"] for m in harness.per_row]
+    assert [p["answers"] for p in played["maze-vl-base"]] == [m["answers"] for m in harness.per_row]
+    assert [p["answers"] for p in played["maze-vl-base:stage1"]] == [m["answers"] for m in eval_only]
+    assert [p["solved"] for p in played["maze-vl-base:stage1"]] == [m["solved"] for m in eval_only]
 
 
 def test_a_vllm_too_old_for_ray_serve_llm_gets_a_message_naming_both_versions(monkeypatch):

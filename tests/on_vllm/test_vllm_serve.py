@@ -1,18 +1,37 @@
 """serve_app with backend=vllm: ray.serve.llm on vLLM's CPU build, adapters from a local S3 server
 (moto), driven with the official openai client beside the hf server of the same settings."""
+import json
+
 import pytest
 
 from net import free_port
 from serving.maze_client import messages_for, openai_chat, play_as_configured
 from settings import load_config
 from tests.helpers import EMBEDDED_BASE as BASE
-from tests.helpers import make_adapter
+from tests.helpers import make_adapter, run_driver, short_run_args
 
 BASE_ID = "maze-vl-base"
 
 
 @pytest.fixture(scope="module")
-def servers(s3_server, tmp_path_factory):
+def published(s3_server, tmp_path_factory):
+    """A short CPU training run's validation-best adapter, published to the S3 server as `stage1` by
+    `driver.py --publish`, and `driver.py --eval-only`'s episodes of it: (the run's arguments, those episodes)."""
+    run = tmp_path_factory.mktemp("published") / "run"
+    args = short_run_args(run)
+    trained = run_driver(args)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    s3_server.client().create_bucket(Bucket="serve")
+    out = run_driver(["--publish", "stage1", "--to", "s3://serve/adapters", *args, f"s3.endpoint_url={s3_server.url}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    evaluated = run_driver(["--eval-only", "--adapter", str(run / "exports" / "best" / "policy"), *args[1:],
+                            f"trainer.run_dir={run.parent / 'eval'}"])
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    return args, [json.loads(line) for line in (run.parent / "eval" / "eval_only.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def servers(s3_server, published, tmp_path_factory):
     """Both apps in one Ray cluster: the hf server at /hf, ray.serve.llm at /vllm."""
     import ray
     from ray import serve
@@ -23,7 +42,6 @@ def servers(s3_server, tmp_path_factory):
     # it changed none, at 0.5 half of them, near ties); the two servers must still agree on each
     make_adapter(BASE, folder, seed=1, rank=8, scale=0.7)
     s3 = s3_server.client()
-    s3.create_bucket(Bucket="serve")
     for f in folder.iterdir():
         s3.upload_file(str(f), "serve", f"adapters/alpha/{f.name}")
     port = free_port()
@@ -79,6 +97,19 @@ def test_models_and_picture_completions_on_base_and_adapter(servers, cfg_and_row
     with pytest.raises(openai.APIStatusError) as e:
         vllm.chat.completions.create(**picture_question(f"{BASE_ID}:no-such-adapter", cfg, rows[0]))
     assert 400 <= e.value.status_code < 500
+
+
+def test_the_published_adapter_plays_as_eval_only_on_both_apps(servers, published):
+    """From training to serving: what `driver.py --publish` put on S3, served by ray.serve.llm (and the
+    hf app) as <base>:stage1, makes `driver.py --eval-only`'s greedy moves through the openai client."""
+    from rl.inputs import load_datasets
+    args, eval_only = published
+    cfg = load_config(None, args)
+    rows = load_datasets(cfg)[1]
+    assert [r["seed"] for r in rows] == [e["seed"] for e in eval_only]
+    for name, url in servers.items():
+        played = [play_as_configured(openai_chat(url), f"{BASE_ID}:stage1", row, cfg) for row in rows]
+        assert [p["answers"] for p in played] == [e["answers"] for e in eval_only], name
 
 
 def test_greedy_maze_episodes_equal_the_hf_server(servers, cfg_and_rows):
