@@ -328,7 +328,8 @@ def deploy(backend, settings, folders, base, base_id, args, tmp, out, on_gpu, ap
     started = time.time()
     if backend == "vllm-server":
         synced = {}
-        for name in folders:  # what a replica would download, from the same store
+        # vLLM loads --lora-modules at start (none may pass max_lora_rank); the cold-start ones are not measured here
+        for name in [n for n in folders if not n.startswith(("cold-", "warm-"))]:
             synced[name] = tmp / "synced" / name
             if not synced[name].exists():
                 import shutil
