@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rl.inputs import InputError
+from rl.inputs import InputError, check_environment
 from settings import ConfigError, load_config, to_yaml
 
 
@@ -405,6 +405,7 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        check_environment(cfg)
         if args.dry_run:
             return dry_run(cfg)
         if args.make_dataset:

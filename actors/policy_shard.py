@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from inference.pictures import PicturePreprocessor
-from rl.algorithm import AlgorithmConfig, entropy, policy_loss
+from rl.algorithm import entropy, policy_loss
+from settings.schema import AlgorithmConfig
 from storage.atomic import replace_dir, temp_beside
 from vlm.forward import agree_max, collate, sampled_logprobs, score_seqs
 from vlm.load import release_cached_memory

@@ -3,8 +3,8 @@
 Four small registries hold every choice the algorithm config names: advantage estimators (`grpo`,
 with or without std normalisation, `rloo`, and GiGPO's step-level credit `gigpo`), policy losses
 (`regular`: PPO-clip, as SkyRL calls it), KL estimators (k1, k2, k3) and loss reductions.
-settings/ validates the config against these same dictionaries, so a name is valid exactly when
-something is registered under it.
+settings/schema.py lists the names a config may give; every one is registered here, and nothing
+else (tests/test_algorithm.py checks both ways).
 
 A turn's advantage is broadcast over the tokens of its answer only (the loss mask does that).
 Losses are a per-token weighted sum: the weights encode the reduction (`token_mean`: every sampled
@@ -17,49 +17,18 @@ one big batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
 
-
-@dataclass
-class GiGPOConfig:
-    """`trainer.algorithm.gigpo`: the paper's defaults (verl-agent's `algorithm.gigpo`, `algorithm.gamma`)."""
-    step_advantage_w: float = 1.0  # weight of the step-level advantage
-    gamma: float = 0.95  # discount of the step-level returns
-    # visrl: taken off the step-level reward of a turn that leaves the env's state as it was (a wall
-    # hit, an answer that is no action); episode scores stay the env's own rewards
-    stay_penalty: float = 0.0
-
-
-@dataclass
-class AlgorithmConfig:
-    """`trainer.algorithm`: SkyRL's keys; ours are marked visrl."""
-    advantage_estimator: str = "grpo"  # a name in ADVANTAGE_ESTIMATORS
-    grpo_norm_by_std: bool = True
-    policy_loss_type: str = "regular"  # a name in POLICY_LOSSES
-    use_kl_loss: bool = True
-    kl_loss_coef: float = 0.001
-    kl_estimator_type: str = "k3"  # a name in KL_ESTIMATORS
-    eps_clip_low: float = 0.2
-    eps_clip_high: float = 0.2
-    clip_ratio_c: float = 3.0  # dual_clip's cap on a negative advantage's loss, in units of |A|
-    loss_reduction: str = "token_mean"  # a name in LOSS_REDUCTIONS
-    entropy_coef: float = 0.0
-    filter_zero_advantage_groups: bool = False  # visrl: drop all-equal groups from the update
-    use_rollout_logprobs: bool = False  # visrl: the engines' sampling log-probs as the old policy
-    use_tis: bool = False  # truncated importance sampling: recomputed old policy, corrected toward the engines'
-    tis_imp_ratio_cap: float = 2.0  # the cap C of the TIS weight min(pi_old / pi_engine, C)
-    gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)  # visrl: with advantage_estimator=gigpo
-
+from settings.schema import AlgorithmConfig
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
 POLICY_LOSSES: dict[str, Callable] = {}
 KL_ESTIMATORS: dict[str, Callable] = {}
-# How a mini-batch's loss averages its tokens; rl.batch turns the name into per-token weights.
-LOSS_REDUCTIONS = ("token_mean", "sequence_mean", "sampled_token_mean")
+# How a mini-batch's loss averages its tokens (settings.schema.LOSS_REDUCTIONS); rl.batch turns the name
+# into per-token weights.
 
 
 def _register(table: dict, name: str):

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rl.algorithm import LOSS_REDUCTIONS
 from rl.rollout import Episode
+from settings.schema import LOSS_REDUCTIONS
 from vlm.forward import TrainSeq
 
 

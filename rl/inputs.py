@@ -14,6 +14,7 @@ import numpy as np
 from envs.base import Environment
 from envs.registry import get_environment
 from envs.rows import load_rows
+from settings import Config, ConfigError
 from storage import adapters, is_s3
 from vlm.chat import ChatPrompter
 from vlm.load import model_source
@@ -47,8 +48,16 @@ def read_rows(path, name: str, env_id: str | None) -> list[dict]:
     return rows
 
 
-def environment_of(cfg) -> Environment:
+def environment_of(cfg: Config) -> Environment:
     return get_environment(cfg.environment.env_class)
+
+
+def check_environment(cfg: Config) -> None:
+    """environment.env_class names a registered task (or a package.module:Class that is one)."""
+    try:
+        environment_of(cfg)
+    except ValueError as e:
+        raise ConfigError(f"config key 'environment.env_class': {e}") from None
 
 
 def write_run_dataset(cfg, folder) -> dict:

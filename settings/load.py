@@ -13,30 +13,14 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from envs.registry import get_environment
-from settings.schema import CHOICES, UNSUPPORTED, Config
+from settings.fields import ConfigError, walk
+from settings.schema import Config
+from settings.skyrl import UNSUPPORTED
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
 
-class ConfigError(ValueError):
-    """A config the run cannot start with; the message says what to change."""
-
-
-def _field_types(cls, prefix="") -> dict[str, object]:
-    """Dotted key -> annotation of every leaf field (free-form dicts count as leaves)."""
-    out = {}
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if dataclasses.is_dataclass(default):
-            out.update(_field_types(type(default), key + "."))
-        else:
-            out[key] = f.type
-    return out
-
-
-VALID_KEYS = _field_types(Config)
+VALID_KEYS = {key: f.type for key, f in walk(Config)}  # dotted key -> annotation (free-form dicts are leaves)
 _FREE_FORM = {k for k, t in VALID_KEYS.items() if str(t).startswith("Dict")}
 
 
@@ -126,7 +110,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             detail = str(getattr(e, "msg", e)).splitlines()[0]
             raise ConfigError(f"config key '{key}' expects {expected} ({detail})") from None
     cfg: Config = OmegaConf.to_object(merged)
-    validate(cfg)
+    cfg.check()
+    _refuse_placeholders(cfg)
     return cfg
 
 
@@ -145,113 +130,6 @@ def typed_settings(schema, values: dict | None, what: str):
         key = getattr(e, "full_key", None) or "?"
         kind = next((type(f.default).__name__ for f in dataclasses.fields(schema) if f.name == key), "another type")
         raise ConfigError(f"{what} '{key}' expects {kind}, got {(values or {}).get(key)!r}") from None
-
-
-def _get(cfg: Config, key: str):
-    node = cfg
-    for part in key.split("."):
-        node = getattr(node, part)
-    return node
-
-
-def validate(cfg: Config) -> None:
-    """Checks that span several keys, or values a type cannot express."""
-    for key, allowed in CHOICES.items():
-        if _get(cfg, key) not in allowed:
-            raise ConfigError(f"config key '{key}' must be one of {', '.join(map(str, allowed))}; "
-                              f"got '{_get(cfg, key)}'")
-    t, g, p = cfg.trainer, cfg.generator, cfg.trainer.placement
-    positive = ["trainer.epochs", "trainer.train_batch_size", "trainer.policy_mini_batch_size",
-                "trainer.micro_forward_batch_size_per_gpu", "trainer.micro_train_batch_size_per_gpu",
-                "trainer.update_epochs_per_batch", "generator.max_turns", "generator.n_samples_per_prompt",
-                "generator.inference_engine.num_engines", "generator.inference_engine.tensor_parallel_size",
-                "generator.sampling_params.max_generate_length", "trainer.placement.policy_num_nodes",
-                "trainer.placement.policy_num_gpus_per_node", "trainer.placement.ref_num_nodes",
-                "trainer.placement.ref_num_gpus_per_node", "data.train_size", "data.eval_size",
-                "data.long_route_repeats",
-                "trainer.eval_interval", "trainer.ckpt_interval", "trainer.hf_save_interval",
-                "environment.cell_px", "generator.max_input_length", "trainer.max_prompt_length"]
-    for key in positive:
-        if _get(cfg, key) < 1:
-            raise ConfigError(f"config key '{key}' must be >= 1; got {_get(cfg, key)}")
-    try:
-        get_environment(cfg.environment.env_class)
-    except ValueError as e:
-        raise ConfigError(f"config key 'environment.env_class': {e}") from None
-    if cfg.data.validation_size < 0:
-        raise ConfigError(f"config key 'data.validation_size' must be >= 0 (0 = no validation set); "
-                          f"got {cfg.data.validation_size}")
-    share = cfg.data.long_route_share
-    if share is not None and not 0 <= share <= 1:
-        raise ConfigError(f"config key 'data.long_route_share' must be between 0 and 1 (or null: the mazes as "
-                          f"drawn); got {share}")
-    if not 0 <= cfg.data.junction_start_share <= 1:
-        raise ConfigError(f"config key 'data.junction_start_share' must be between 0 and 1 (0: every maze starts "
-                          f"at its corner); got {cfg.data.junction_start_share}")
-    if not 0 <= cfg.data.replay_share <= 1:
-        raise ConfigError(f"config key 'data.replay_share' must be between 0 and 1 (0: every maze is drawn once an "
-                          f"epoch); got {cfg.data.replay_share}")
-    if t.eval_batch_size < 0:
-        raise ConfigError(f"config key 'trainer.eval_batch_size' must be >= 0 (0 = all mazes at once); got {t.eval_batch_size}")
-    if t.ckpt_timeout_s <= 0:
-        raise ConfigError(f"config key 'trainer.ckpt_timeout_s' must be > 0; got {t.ckpt_timeout_s}")
-    a = t.algorithm
-    if a.use_tis and a.use_rollout_logprobs:
-        raise ConfigError("trainer.algorithm.use_tis corrects the trainer's recomputed old log-probs toward the "
-                          "engines'; with use_rollout_logprobs=true the ratio is already taken against the engines' "
-                          "log-probs: set one of the two")
-    if t.gradient_checkpointing_use_reentrant:
-        raise ConfigError("trainer.gradient_checkpointing_use_reentrant=true is not supported: reentrant "
-                          "checkpointing loses the LoRA gradients when a block's input comes from the frozen base "
-                          "(nothing upstream needs a gradient); leave it false")
-    if a.use_tis and a.tis_imp_ratio_cap <= 0:
-        raise ConfigError(f"trainer.algorithm.tis_imp_ratio_cap must be > 0; got {a.tis_imp_ratio_cap}")
-    if g.eval_sampling_params.temperature < 0:
-        raise ConfigError("generator.eval_sampling_params.temperature must be >= 0 (0 = greedy)")
-    if t.train_batch_size % t.policy_mini_batch_size:
-        raise ConfigError(f"trainer.train_batch_size ({t.train_batch_size}) must be divisible by "
-                          f"trainer.policy_mini_batch_size ({t.policy_mini_batch_size})")
-    if t.train_batch_size > cfg.data.train_size:
-        raise ConfigError(f"trainer.train_batch_size ({t.train_batch_size}) exceeds data.train_size "
-                          f"({cfg.data.train_size})")
-    policy_gpus = p.policy_num_nodes * p.policy_num_gpus_per_node
-    engine_gpus = g.inference_engine.num_engines * g.inference_engine.tensor_parallel_size
-    if p.colocate_all and engine_gpus != policy_gpus:
-        raise ConfigError(
-            f"trainer.placement.colocate_all=true needs generator.inference_engine.num_engines x "
-            f"tensor_parallel_size ({engine_gpus}) == policy_num_nodes x policy_num_gpus_per_node ({policy_gpus})")
-    ref_shards = t.ref_source() == "shards"
-    if p.colocate_all and ref_shards and p.ref_num_nodes * p.ref_num_gpus_per_node != policy_gpus:
-        raise ConfigError("trainer.placement.colocate_all=true needs as many ref devices "
-                          "(ref_num_nodes x ref_num_gpus_per_node) as policy devices")
-    if g.inference_engine.tensor_parallel_size > 1 and g.inference_engine.backend == "hf":
-        raise ConfigError("generator.inference_engine.tensor_parallel_size > 1 needs backend=vllm")
-    if t.algorithm.advantage_estimator in ("grpo", "rloo", "gigpo") and g.n_samples_per_prompt < 2:
-        raise ConfigError(f"{t.algorithm.advantage_estimator} compares samples of one prompt: "
-                          f"generator.n_samples_per_prompt must be >= 2; got {g.n_samples_per_prompt}")
-    if g.sampling_params.temperature <= 0:
-        raise ConfigError("generator.sampling_params.temperature must be > 0 for training rollouts "
-                          "(eval uses generator.eval_sampling_params)")
-    if not 0 < g.sampling_params.top_p <= 1:
-        raise ConfigError(f"generator.sampling_params.top_p must be in (0, 1]; got {g.sampling_params.top_p}")
-    if t.algorithm.eps_clip_low < 0 or t.algorithm.eps_clip_high < 0:
-        raise ConfigError("trainer.algorithm.eps_clip_low/high must be >= 0")
-    if t.algorithm.clip_ratio_c <= 1:
-        raise ConfigError(f"trainer.algorithm.clip_ratio_c must be > 1 (dual_clip caps a negative advantage's "
-                          f"loss at clip_ratio_c x |A|); got {t.algorithm.clip_ratio_c}")
-    if g.context_window_turns < 0 or g.context_pictures < 0:
-        raise ConfigError("generator.context_window_turns and context_pictures must be >= 0 (0 keeps all)")
-    if t.resume_mode == "from_path" and not t.resume_path:
-        raise ConfigError("trainer.resume_mode=from_path needs trainer.resume_path")
-    if t.resume_mode == "from_path" and not re.fullmatch(r"global_step_\d+", t.resume_path.rstrip("/").rsplit("/", 1)[-1]):
-        raise ConfigError(f"trainer.resume_path must name a checkpoint folder ending in global_step_N; got '{t.resume_path}'")
-    if not 0 < g.inference_engine.gpu_memory_utilization <= 1:
-        raise ConfigError("generator.inference_engine.gpu_memory_utilization must be in (0, 1]")
-    if p.timeout_s <= 0 or p.recovery_timeout_s <= 0:
-        raise ConfigError("trainer.placement.timeout_s and recovery_timeout_s must be > 0 (seconds)")
-    if t.max_restarts < 0:
-        raise ConfigError(f"trainer.max_restarts must be >= 0; got {t.max_restarts}")
-    _refuse_placeholders(cfg)
 
 
 PLACEHOLDER = re.compile(r"<[A-Za-z][A-Za-z0-9_-]*>")

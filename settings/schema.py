@@ -1,124 +1,183 @@
-"""The typed configuration. Key names follow SkyRL's, so its command lines work verbatim.
+"""The typed configuration, the lowest layer: every other package types its `cfg` with these classes.
 
-Every field has a default; `configs/default.yaml` is the embedded CPU run and
-`configs/hyperpod_qwen3vl_8b.yaml` the reference run on 3 nodes x 2 GPUs. Keys that SkyRL does
-not have (ours) are marked "visrl:" in their comment.
+Key names follow SkyRL's, so its command lines work verbatim. Every field is a `setting` with its
+default, its help and its check; a section's `check()` holds the rules that span its fields, and
+`Config.check()` those that span sections. `configs/default.yaml` is the embedded CPU run and
+`configs/hyperpod_qwen3vl_8b.yaml` the reference run on 3 nodes x 2 GPUs. Keys SkyRL does not have
+are marked `visrl=True`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from rl.algorithm import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_REDUCTIONS, POLICY_LOSSES, AlgorithmConfig
+from settings.fields import ConfigError, check_fields, section, setting
+
+# The names the algorithm's registries (rl/algorithm.py) implement, one each; tests check they agree.
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "gigpo")
+POLICY_LOSSES = ("regular", "dual_clip")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LOSS_REDUCTIONS = ("token_mean", "sequence_mean", "sampled_token_mean")
+POSITIVE = {"at_least": 1}
 
 
 @dataclass
 class LoraConfig:
-    rank: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: str = "all-linear"  # or a comma-separated list of module names
-    # visrl: a PEFT adapter (folder or s3:// prefix, e.g. an earlier run's exports/global_step_N/policy)
-    # the run's adapter starts from, with a fresh optimizer: a curriculum's next stage. Same rank,
-    # alpha and target modules; a checkpoint to resume from takes precedence.
-    init_from: Optional[str] = None
+    rank: int = setting(16, "LoRA rank", **POSITIVE)
+    alpha: int = setting(32, "LoRA alpha (the update scales by alpha / rank)")
+    dropout: float = setting(0.0, "LoRA dropout", at_least=0, at_most=1)
+    target_modules: str = setting("all-linear", "all-linear (every linear layer, the vision tower's too) or a "
+                                                "comma-separated list of module names")
+    init_from: Optional[str] = setting(
+        None, "a PEFT adapter (folder or s3:// prefix, e.g. an earlier run's exports/global_step_N/policy) the "
+              "run's adapter starts from, with a fresh optimizer: a curriculum's next stage. Same rank, alpha and "
+              "target modules; a checkpoint to resume from takes precedence", visrl=True)
 
 
 @dataclass
 class ModelConfig:
-    path: str = "assets/maze-vl-base"  # local folder, s3://bucket/prefix or a Hugging Face id
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    path: str = setting("assets/maze-vl-base", "local folder, s3://bucket/prefix or a Hugging Face id")
+    lora: LoraConfig = section(LoraConfig, "the adapter that trains on the frozen base")
 
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 1e-4
-    adam_betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    num_warmup_steps: int = 0
-    scheduler: str = "constant_with_warmup"  # constant_with_warmup | cosine_with_warmup
+    lr: float = setting(1e-4, "learning rate", above=0)
+    adam_betas: List[float] = setting([0.9, 0.999], "AdamW's betas")
+    weight_decay: float = setting(0.0, "AdamW's weight decay", at_least=0)
+    max_grad_norm: float = setting(1.0, "gradients are clipped to this norm", above=0)
+    num_warmup_steps: int = setting(0, "training steps (batches) of linear warm-up", at_least=0)
+    scheduler: str = setting("constant_with_warmup", "the learning rate after warm-up",
+                             choices=("constant_with_warmup", "cosine_with_warmup"))
 
 
 @dataclass
 class FsdpConfig:
-    cpu_offload: bool = False
+    cpu_offload: bool = setting(False, "FSDP2's parameter and optimizer offload to the host")
 
 
 @dataclass
 class PolicyConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
-    fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
+    model: ModelConfig = section(ModelConfig, "the model the policy trains")
+    optimizer_config: OptimizerConfig = section(OptimizerConfig, "the policy's optimizer")
+    fsdp_config: FsdpConfig = section(FsdpConfig, "the policy shards' FSDP2")
 
 
 @dataclass
 class RefConfig:
-    fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
-    # visrl: the reference is the policy's frozen base (LoRA trains on top of it), so the policy
-    # shards score it with the adapter switched off and no RefShard is placed; false places SkyRL's
-    # separate RefShards (the same numbers, one more copy of the base on each device)
-    from_policy_base: bool = True
+    fsdp_config: FsdpConfig = section(FsdpConfig, "the reference shards' FSDP2")
+    from_policy_base: bool = setting(
+        True, "the reference is the policy's frozen base (LoRA trains on top of it), so the policy shards score "
+              "it with the adapter switched off and no RefShard is placed; false places SkyRL's separate "
+              "RefShards (the same numbers, one more copy of the base on each device)", visrl=True)
 
 
 @dataclass
 class PlacementConfig:
-    colocate_all: bool = True
-    policy_num_nodes: int = 1
-    policy_num_gpus_per_node: int = 1
-    ref_num_nodes: int = 1
-    ref_num_gpus_per_node: int = 1
-    cpus_per_bundle: float = 1.0  # visrl: CPUs in each per-device bundle
-    # visrl: a custom resource each per-device bundle also asks one of: picks a node type, or stands in
-    # for GPUs on CPU nodes (deploy/local_cluster.py gives its workers `visrl_device` slots)
-    device_resource: Optional[str] = None
-    timeout_s: float = 120.0  # visrl: give up on an unsatisfiable placement group after this, at start
-    # visrl: after a lost node, how long recovery waits for the cluster to place the groups again (a
-    # platform replacing a node takes minutes)
-    recovery_timeout_s: float = 1200.0
+    colocate_all: bool = setting(True, "engines and shards share each device (engines sleep while shards train)")
+    policy_num_nodes: int = setting(1, "nodes of policy shards", **POSITIVE)
+    policy_num_gpus_per_node: int = setting(1, "policy shards a node", **POSITIVE)
+    ref_num_nodes: int = setting(1, "nodes of ref shards (with trainer.ref.from_policy_base=false)", **POSITIVE)
+    ref_num_gpus_per_node: int = setting(1, "ref shards a node", **POSITIVE)
+    cpus_per_bundle: float = setting(1.0, "CPUs in each per-device bundle", above=0, visrl=True)
+    device_resource: Optional[str] = setting(
+        None, "a custom resource each per-device bundle also asks one of: picks a node type, or stands in for "
+              "GPUs on CPU nodes (deploy/local_cluster.py gives its workers `visrl_device` slots)", visrl=True)
+    timeout_s: float = setting(120.0, "give up on an unsatisfiable placement group after this, at start (seconds)",
+                               above=0, visrl=True)
+    recovery_timeout_s: float = setting(
+        1200.0, "after a lost node, how long recovery waits for the cluster to place the groups again (a platform "
+                "replacing a node takes minutes)", above=0, visrl=True)
+
+
+@dataclass
+class GiGPOConfig:
+    """`trainer.algorithm.gigpo`: the paper's defaults (verl-agent's `algorithm.gigpo`, `algorithm.gamma`)."""
+    step_advantage_w: float = setting(1.0, "weight of the step-level advantage")
+    gamma: float = setting(0.95, "discount of the step-level returns", at_least=0, at_most=1)
+    stay_penalty: float = setting(
+        0.0, "taken off the step-level reward of a turn that leaves the env's state as it was (a wall hit, an "
+             "answer that is no action); episode scores stay the env's own rewards", at_least=0, visrl=True)
+
+
+@dataclass
+class AlgorithmConfig:
+    """`trainer.algorithm`: SkyRL's keys; the names come from rl/algorithm.py's registries."""
+    advantage_estimator: str = setting("grpo", "how episodes are scored against their group",
+                                       choices=ADVANTAGE_ESTIMATORS)
+    grpo_norm_by_std: bool = setting(True, "divide group-relative advantages by the group's std")
+    policy_loss_type: str = setting("regular", "regular: PPO-clip; dual_clip also caps a negative advantage's loss",
+                                    choices=POLICY_LOSSES)
+    use_kl_loss: bool = setting(True, "a KL term to the reference in the loss")
+    kl_loss_coef: float = setting(0.001, "its weight", at_least=0)
+    kl_estimator_type: str = setting("k3", "which estimator of the KL", choices=KL_ESTIMATORS)
+    eps_clip_low: float = setting(0.2, "PPO's clip range below a ratio of 1", at_least=0)
+    eps_clip_high: float = setting(0.2, "PPO's clip range above a ratio of 1 (DAPO's clip-higher raises it)", at_least=0)
+    clip_ratio_c: float = setting(3.0, "dual_clip's cap on a negative advantage's loss, in units of |A|", above=1,
+                                  note="dual_clip caps a negative advantage's loss at clip_ratio_c x |A|")
+    loss_reduction: str = setting("token_mean", "how a mini-batch's loss averages its tokens", choices=LOSS_REDUCTIONS)
+    entropy_coef: float = setting(0.0, "weight of an entropy bonus")
+    filter_zero_advantage_groups: bool = setting(False, "drop all-equal groups from the update", visrl=True)
+    use_rollout_logprobs: bool = setting(False, "the engines' sampling log-probs as the old policy", visrl=True)
+    use_tis: bool = setting(False, "truncated importance sampling: recomputed old policy, corrected toward the engines'")
+    tis_imp_ratio_cap: float = setting(2.0, "the cap C of the TIS weight min(pi_old / pi_engine, C)")
+    gigpo: GiGPOConfig = section(GiGPOConfig, "with advantage_estimator=gigpo")
+
+    def check(self) -> None:
+        if self.use_tis and self.use_rollout_logprobs:
+            raise ConfigError("trainer.algorithm.use_tis corrects the trainer's recomputed old log-probs toward the "
+                              "engines'; with use_rollout_logprobs=true the ratio is already taken against the "
+                              "engines' log-probs: set one of the two")
+        if self.use_tis and self.tis_imp_ratio_cap <= 0:
+            raise ConfigError(f"trainer.algorithm.tis_imp_ratio_cap must be > 0; got {self.tis_imp_ratio_cap}")
 
 
 @dataclass
 class TrainerConfig:
-    epochs: int = 20
-    train_batch_size: int = 8  # prompts per step
-    policy_mini_batch_size: int = 8  # prompts per optimizer step
-    micro_forward_batch_size_per_gpu: int = 16
-    micro_train_batch_size_per_gpu: int = 16
-    update_epochs_per_batch: int = 1
-    # recompute each block's activations in the backward pass instead of holding them: far less
-    # memory for a little more compute, so micro-batches can grow (SkyRL's key; non-reentrant only)
-    gradient_checkpointing: bool = False
-    gradient_checkpointing_use_reentrant: bool = False
-    max_prompt_length: int = 2048  # the first turn's prompt (instruction + picture) must fit
-    eval_batch_size: int = 0  # eval mazes run at once; 0 = all of them
-    strategy: str = "fsdp2"  # fsdp | fsdp2 (both run FSDP2's fully_shard; FSDP1 is not supported)
-    seed: int = 42
-    device: str = "auto"  # visrl: auto | cpu | cuda
-    eval_interval: int = 5
-    eval_before_train: bool = True
-    ckpt_interval: int = 10
-    hf_save_interval: int = 10
-    resume_mode: str = "latest"  # none | latest | from_path
-    resume_path: Optional[str] = None
-    ckpt_path: str = "runs/default/ckpts"
-    export_path: str = "runs/default/exports"
-    # visrl: the serving prefix `driver.py --publish NAME` writes <publish_path>/NAME/ under: what the serve
-    # app's (and ray.serve.llm's) dynamic_lora_loading_path reads
-    publish_path: Optional[str] = None
-    max_ckpts_to_keep: int = -1
-    max_restarts: int = 10  # visrl: actor-group rebuilds (each a lost actor or node) before the run gives up
-    fail_on_ckpt_error: bool = False  # visrl: stop the run when a checkpoint cannot be saved
-    ckpt_timeout_s: float = 120.0  # visrl: longest a checkpoint save may hold up a step
-    stop_after_step: int = 0  # visrl: end this invocation after that step (0 = run to the end); resume later
-    run_dir: str = "runs/default"  # visrl: metrics.jsonl, TensorBoard events, curve, config
-    project_name: str = "visrl"  # labels the progress bar
-    run_name: str = "default"
-    logger: str = "tensorboard"  # tensorboard | console | mlflow | wandb (metrics.jsonl and the console always)
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    ref: RefConfig = field(default_factory=RefConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    epochs: int = setting(20, "passes over the train set", **POSITIVE)
+    train_batch_size: int = setting(8, "prompts a step", **POSITIVE)
+    policy_mini_batch_size: int = setting(8, "prompts an optimizer step", **POSITIVE)
+    micro_forward_batch_size_per_gpu: int = setting(16, "sequences a forward pass (reference scoring)", **POSITIVE)
+    micro_train_batch_size_per_gpu: int = setting(16, "sequences a forward and backward pass", **POSITIVE)
+    update_epochs_per_batch: int = setting(1, "passes over each batch", **POSITIVE)
+    gradient_checkpointing: bool = setting(
+        False, "recompute each block's activations in the backward pass instead of holding them: far less memory "
+               "for a little more compute, so micro-batches can grow (non-reentrant only)")
+    gradient_checkpointing_use_reentrant: bool = setting(False, "refused: reentrant checkpointing loses LoRA gradients")
+    max_prompt_length: int = setting(2048, "the first turn's prompt (instruction and picture) must fit", **POSITIVE)
+    eval_batch_size: int = setting(0, "eval mazes run at once", at_least=0, note="0 = all mazes at once")
+    strategy: str = setting("fsdp2", "fsdp and fsdp2 both run FSDP2's fully_shard (FSDP1 is not supported)",
+                            choices=("fsdp", "fsdp2"))
+    seed: int = setting(42, "the run's seed (data order, sampling, initialisation)")
+    device: str = setting("auto", "where shards and engines compute", choices=("auto", "cpu", "cuda"), visrl=True)
+    eval_interval: int = setting(5, "steps between evaluations", **POSITIVE)
+    eval_before_train: bool = setting(True, "evaluate the starting policy at step 0")
+    ckpt_interval: int = setting(10, "steps between checkpoints", **POSITIVE)
+    hf_save_interval: int = setting(10, "steps between adapter exports", **POSITIVE)
+    resume_mode: str = setting("latest", "none | latest | from_path", choices=("none", "latest", "from_path"))
+    resume_path: Optional[str] = setting(None, "with resume_mode=from_path: a checkpoint folder global_step_N")
+    ckpt_path: str = setting("runs/default/ckpts", "checkpoints: a folder or s3://bucket/prefix")
+    export_path: str = setting("runs/default/exports", "adapter exports: a folder or s3://bucket/prefix")
+    publish_path: Optional[str] = setting(
+        None, "the serving prefix `driver.py --publish NAME` writes <publish_path>/NAME/ under: what the serve "
+              "app's (and ray.serve.llm's) dynamic_lora_loading_path reads", visrl=True)
+    max_ckpts_to_keep: int = setting(-1, "checkpoints kept (-1: all)")
+    max_restarts: int = setting(10, "actor-group rebuilds (each a lost actor or node) before the run gives up",
+                                at_least=0, visrl=True)
+    fail_on_ckpt_error: bool = setting(False, "stop the run when a checkpoint cannot be saved", visrl=True)
+    ckpt_timeout_s: float = setting(120.0, "longest a checkpoint save may hold up a step", above=0, visrl=True)
+    stop_after_step: int = setting(0, "end this invocation after that step (0 = run to the end); resume later",
+                                   at_least=0, visrl=True)
+    run_dir: str = setting("runs/default", "metrics.jsonl, TensorBoard events, curve, config", visrl=True)
+    project_name: str = setting("visrl", "labels the progress bar and the tracker's project")
+    run_name: str = setting("default", "labels the progress bar, the tracker's run and the metrics")
+    logger: str = setting("tensorboard", "metrics.jsonl and the console always; and one of these",
+                          choices=("tensorboard", "console", "mlflow", "wandb"))
+    placement: PlacementConfig = section(PlacementConfig, "devices, nodes and colocation")
+    policy: PolicyConfig = section(PolicyConfig, "the trained policy")
+    ref: RefConfig = section(RefConfig, "the KL term's reference")
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantages, loss, KL")
 
     def ref_source(self) -> str:
         """Who scores the KL term's reference: "none" without a KL loss, "policy" for the policy
@@ -127,180 +186,143 @@ class TrainerConfig:
             return "none"
         return "policy" if self.ref.from_policy_base else "shards"
 
+    def check(self) -> None:
+        if self.train_batch_size % self.policy_mini_batch_size:
+            raise ConfigError(f"trainer.train_batch_size ({self.train_batch_size}) must be divisible by "
+                              f"trainer.policy_mini_batch_size ({self.policy_mini_batch_size})")
+        if self.gradient_checkpointing_use_reentrant:
+            raise ConfigError("trainer.gradient_checkpointing_use_reentrant=true is not supported: reentrant "
+                              "checkpointing loses the LoRA gradients when a block's input comes from the frozen base "
+                              "(nothing upstream needs a gradient); leave it false")
+        if self.resume_mode == "from_path" and not self.resume_path:
+            raise ConfigError("trainer.resume_mode=from_path needs trainer.resume_path")
+        if self.resume_mode == "from_path" and not re.fullmatch(r"global_step_\d+",
+                                                                self.resume_path.rstrip("/").rsplit("/", 1)[-1]):
+            raise ConfigError(f"trainer.resume_path must name a checkpoint folder ending in global_step_N; "
+                              f"got '{self.resume_path}'")
+        self.algorithm.check()
+
 
 @dataclass
 class SamplingParams:
-    max_generate_length: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_generate_length: int = setting(16, "new tokens a turn", **POSITIVE)
+    temperature: float = setting(1.0, "the rollouts' temperature", above=0,
+                                 note="training rollouts sample; eval uses generator.eval_sampling_params")
+    top_p: float = setting(1.0, "nucleus sampling", above=0, at_most=1)
 
 
 @dataclass
 class EvalSamplingParams:
-    max_generate_length: int = 16
-    temperature: float = 0.0  # 0 = greedy
+    max_generate_length: int = setting(16, "new tokens a turn", **POSITIVE)
+    temperature: float = setting(0.0, "0 = greedy", at_least=0)
 
 
 @dataclass
 class InferenceEngineConfig:
-    backend: str = "hf"  # hf | vllm
-    num_engines: int = 1
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.45
-    enable_sleep: bool = True  # visrl: engines free memory while shards train (colocate_all)
-    cpu_kv_cache_gib: float = 2.0  # visrl: vLLM's KV cache on a CPU machine (VLLM_CPU_KVCACHE_SPACE)
-    # visrl: the hf backend on a GPU merges each adapter version into its bf16 weights (faster decode,
-    # but the rounding widens the engine-vs-trainer gap ~10x: docs/configuration.md)
-    merge_lora: bool = False
-    # visrl: the hf backend on a GPU decodes in its own loop, each step replayed as a CUDA graph
-    # (false: transformers' generate); vLLM's own graphs: engine_init_kwargs.enforce_eager
-    cuda_graphs: bool = True
-    engine_init_kwargs: Dict[str, Any] = field(default_factory=dict)
+    backend: str = setting("hf", "hf | vllm", choices=("hf", "vllm"))
+    num_engines: int = setting(1, "engines (one a device when colocated)", **POSITIVE)
+    tensor_parallel_size: int = setting(1, "devices an engine spans (vllm only)", **POSITIVE)
+    gpu_memory_utilization: float = setting(0.45, "share of a GPU's memory vLLM may take", above=0, at_most=1)
+    enable_sleep: bool = setting(True, "engines free memory while shards train (colocate_all)", visrl=True)
+    cpu_kv_cache_gib: float = setting(2.0, "vLLM's KV cache on a CPU machine (VLLM_CPU_KVCACHE_SPACE)", above=0,
+                                      visrl=True)
+    merge_lora: bool = setting(
+        False, "the hf backend on a GPU merges each adapter version into its bf16 weights (faster decode, but the "
+               "rounding widens the engine-vs-trainer gap ~10x: docs/configuration.md)", visrl=True)
+    cuda_graphs: bool = setting(
+        True, "the hf backend on a GPU decodes in its own loop, each step replayed as a CUDA graph (false: "
+              "transformers' generate); vLLM's own graphs: engine_init_kwargs.enforce_eager", visrl=True)
+    engine_init_kwargs: Dict[str, Any] = setting({}, "more vLLM engine arguments, passed as they are")
 
 
 @dataclass
 class GeneratorConfig:
-    inference_engine: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)
-    sampling_params: SamplingParams = field(default_factory=SamplingParams)
-    eval_sampling_params: EvalSamplingParams = field(default_factory=EvalSamplingParams)
-    max_turns: int = 15
-    max_input_length: int = 8192
-    n_samples_per_prompt: int = 8
-    context_window_turns: int = 0  # visrl: keep only the last K turns (text and picture); 0 = all
-    context_pictures: int = 0  # visrl: of the kept turns, only the last P keep their picture; 0 = all
+    inference_engine: InferenceEngineConfig = section(InferenceEngineConfig, "the rollout engines")
+    sampling_params: SamplingParams = section(SamplingParams, "training rollouts")
+    eval_sampling_params: EvalSamplingParams = section(EvalSamplingParams, "evaluation")
+    max_turns: int = setting(15, "turns an episode", **POSITIVE)
+    max_input_length: int = setting(8192, "tokens a turn's prompt may hold", **POSITIVE)
+    n_samples_per_prompt: int = setting(8, "episodes a maze (a group)", **POSITIVE)
+    context_window_turns: int = setting(0, "keep only the last K turns (text and picture)", at_least=0,
+                                        note="0 keeps all", visrl=True)
+    context_pictures: int = setting(0, "of the kept turns, only the last P keep their picture", at_least=0,
+                                    note="0 keeps all", visrl=True)
 
 
 @dataclass
 class EnvironmentConfig:
-    env_class: str = "maze_2d/easy"  # a registered environment (envs/registry.py) or package.module:Class
-    cell_px: int = 16
+    env_class: str = setting("maze_2d/easy", "a registered environment (envs/registry.py) or package.module:Class")
+    cell_px: int = setting(16, "pixels a cell of the task's grid; match the model (Qwen3-VL: 32)", **POSITIVE)
 
 
 @dataclass
 class DataConfig:
-    dataset_dir: str = "runs/default/data"  # visrl: train.jsonl, eval.jsonl, manifest.json
-    train_size: int = 256
-    eval_size: int = 64
-    train_seed_start: int = 0
-    eval_seed_start: int = 1_000_000
-    solvable_only: bool = True  # keep only mazes the expert solves within generator.max_turns
-    long_route_share: Optional[float] = None  # visrl: share of train mazes with a route longer than the shortest
-    junction_start_share: float = 0.0  # visrl: share of train mazes that start at a junction of their route
-    replay_share: float = 0.0  # visrl: up to this share of a batch replays mazes whose group came back mixed
-    long_route_repeats: int = 1  # visrl: a train maze whose route is longer than its env's shortest is drawn this often an epoch
-    eval_set: Optional[str] = None  # visrl: another eval set (a .jsonl from --make-dataset)
-    validation_size: int = 0  # visrl: mazes that choose the best adapter at each eval (0: none, the final one is the run's)
-    validation_seed_start: int = 2_000_000  # visrl: above the eval seeds; the eval set never chooses
+    dataset_dir: str = setting("runs/default/data", "train.jsonl, eval.jsonl, manifest.json", visrl=True)
+    train_size: int = setting(256, "mazes in the train set", **POSITIVE)
+    eval_size: int = setting(64, "mazes in the eval set", **POSITIVE)
+    train_seed_start: int = setting(0, "the train set's first seed")
+    eval_seed_start: int = setting(1_000_000, "the eval set's first seed")
+    solvable_only: bool = setting(True, "keep only mazes the expert solves within generator.max_turns")
+    long_route_share: Optional[float] = setting(None, "share of train mazes with a route longer than the shortest",
+                                                at_least=0, at_most=1, note="or null: the mazes as drawn", visrl=True)
+    junction_start_share: float = setting(0.0, "share of train mazes that start at a junction of their route",
+                                          at_least=0, at_most=1, note="0: every maze starts at its corner", visrl=True)
+    replay_share: float = setting(0.0, "up to this share of a batch replays mazes whose group came back mixed",
+                                  at_least=0, at_most=1, note="0: every maze is drawn once an epoch", visrl=True)
+    long_route_repeats: int = setting(1, "a train maze whose route is longer than its env's shortest is drawn this "
+                                         "often an epoch", **POSITIVE, visrl=True)
+    eval_set: Optional[str] = setting(None, "another eval set (a .jsonl from --make-dataset)", visrl=True)
+    validation_size: int = setting(0, "mazes that choose the best adapter at each eval", at_least=0,
+                                   note="0 = no validation set", visrl=True)
+    validation_seed_start: int = setting(2_000_000, "above the eval seeds; the eval set never chooses", visrl=True)
 
 
 @dataclass
 class RayConfig:
-    address: Optional[str] = None  # None: RAY_ADDRESS, or a new local cluster; "auto" joins a running one
-    namespace: Optional[str] = None  # None: visrl-<run_name>-<8 hex>, new each run, so runs never share actor names
-    include_dashboard: bool = False
-    # visrl: more environment variables to pass from the driver to every actor, beside the ones always
-    # passed (Hugging Face and AWS settings: placement/runtime_env.py)
-    forward_env: List[str] = field(default_factory=list)
+    address: Optional[str] = setting(None, "None: RAY_ADDRESS, or a new local cluster; auto joins a running one")
+    namespace: Optional[str] = setting(None, "None: visrl-<run_name>-<8 hex>, new each run, so runs never share "
+                                             "actor names")
+    include_dashboard: bool = setting(False, "start Ray's dashboard with a new local cluster")
+    forward_env: List[str] = setting([], "more environment variables to pass from the driver to every actor, beside "
+                                         "the Hugging Face and AWS settings always passed", visrl=True)
 
 
 @dataclass
 class S3Config:
-    endpoint_url: Optional[str] = None  # visrl: for S3-compatible stores (MinIO, moto)
-    region: Optional[str] = None
-    max_attempts: int = 5
-    timeout_s: float = 60.0  # visrl: connect/read timeout of one S3 request
+    endpoint_url: Optional[str] = setting(None, "an S3-compatible store (MinIO, moto)", visrl=True)
+    region: Optional[str] = setting(None, "the bucket's region")
+    max_attempts: int = setting(5, "tries of one S3 request", **POSITIVE)
+    timeout_s: float = setting(60.0, "connect/read timeout of one S3 request", above=0, visrl=True)
 
 
 @dataclass
 class Config:
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
-    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    s3: S3Config = field(default_factory=S3Config)
+    trainer: TrainerConfig = section(TrainerConfig, "training")
+    generator: GeneratorConfig = section(GeneratorConfig, "rollouts")
+    environment: EnvironmentConfig = section(EnvironmentConfig, "the task")
+    data: DataConfig = section(DataConfig, "the datasets")
+    ray: RayConfig = section(RayConfig, "the Ray cluster")
+    s3: S3Config = section(S3Config, "S3 access")
 
-
-# Keys with a closed set of values: checked with a message that lists them.
-CHOICES: dict[str, tuple[Any, ...]] = {
-    "trainer.strategy": ("fsdp", "fsdp2"),
-    "trainer.device": ("auto", "cpu", "cuda"),
-    "trainer.resume_mode": ("none", "latest", "from_path"),
-    "trainer.logger": ("tensorboard", "console", "mlflow", "wandb"),
-    "trainer.algorithm.advantage_estimator": tuple(ADVANTAGE_ESTIMATORS),
-    "trainer.algorithm.policy_loss_type": tuple(POLICY_LOSSES),
-    "trainer.algorithm.kl_estimator_type": tuple(KL_ESTIMATORS),
-    "trainer.algorithm.loss_reduction": LOSS_REDUCTIONS,
-    "trainer.policy.optimizer_config.scheduler": ("constant_with_warmup", "cosine_with_warmup"),
-    "generator.inference_engine.backend": ("hf", "vllm"),
-}
-
-# SkyRL keys a SkyRL user may pass that visrl does not implement: refused with the reason.
-UNSUPPORTED: dict[str, str] = {
-    "trainer.critic": "visrl trains without a critic (GRPO and RLOO need none)",
-    "trainer.reward": "the reward comes from the environment, not a reward model",
-    "trainer.placement.colocate_policy_ref": "colocate_all places policy and ref together already",
-    "trainer.placement.colocate_critic_reward": "there is no critic or reward model",
-    "trainer.placement.critic_num_nodes": "there is no critic",
-    "trainer.placement.critic_num_gpus_per_node": "there is no critic",
-    "trainer.placement.reward_num_nodes": "there is no reward model",
-    "trainer.placement.reward_num_gpus_per_node": "there is no reward model",
-    "trainer.sequence_parallel_backend": "sequence parallelism is not implemented",
-    "trainer.policy.sequence_parallel_size": "sequence parallelism is not implemented",
-    "trainer.ref.sequence_parallel_size": "sequence parallelism is not implemented",
-    "trainer.policy.deepspeed_config": "only FSDP2 is implemented", "trainer.ref.deepspeed_config": "only FSDP2 is implemented",
-    "trainer.policy.use_torch_compile": "not implemented", "trainer.policy.record_memory": "not implemented",
-    "trainer.policy.optimizer_config.offload_after_step": "not implemented",
-    "trainer.policy.fsdp_config.reshard_after_forward": "FSDP2's default (reshard) is used",
-    "trainer.policy.fsdp_config.fsdp_size": "every policy device is one FSDP2 rank",
-    "trainer.ref.fsdp_config.reshard_after_forward": "FSDP2's default (reshard) is used",
-    "trainer.ref.fsdp_config.fsdp_size": "every ref device is one FSDP2 rank",
-    "trainer.algorithm.kl_ctrl": "KL in the reward is not implemented (use_kl_loss is)",
-    "trainer.algorithm.use_kl_in_reward": "KL in the reward is not implemented (use_kl_loss is)",
-    "trainer.algorithm.use_kl_estimator_k3": "deprecated in SkyRL; use trainer.algorithm.kl_estimator_type=k3",
-    "trainer.algorithm.use_abs_kl": "deprecated in SkyRL; use trainer.algorithm.kl_estimator_type",
-    "trainer.algorithm.advantage_batch_normalize": "not implemented",
-    "trainer.algorithm.value_head_prefix": "there is no critic", "trainer.algorithm.value_clip": "there is no critic",
-    "trainer.algorithm.lambd": "GAE is not implemented",
-    "trainer.algorithm.gamma": "GAE is not implemented (GiGPO's discount is trainer.algorithm.gigpo.gamma)",
-    "trainer.algorithm.normalize_reward": "rewards are the env's 0/1",
-    "trainer.algorithm.dynamic_sampling": "use trainer.algorithm.filter_zero_advantage_groups",
-    "trainer.bf16": "the dtype follows the device (bf16 on cuda, fp32 on cpu)",
-    "trainer.critic_mini_batch_size": "there is no critic", "trainer.update_ref_every_epoch": "not implemented",
-    "trainer.use_sample_packing": "sequences are padded, not packed",
-    "trainer.flash_attn": "the model's default attention is used",
-    "trainer.disable_fast_tokenizer": "the fast tokenizer is always used",
-    "trainer.target_modules": "use trainer.policy.model.lora.target_modules", "trainer.use_orm_score": "not implemented",
-    "trainer.dump_data_batch": "not implemented", "trainer.dump_eval_results": "eval results always go to <run_dir>/eval/",
-    "generator.model_dtype": "the dtype follows the device", "generator.run_engines_locally": "engines are always Ray actors",
-    "generator.num_inference_engines": "use generator.inference_engine.num_engines",
-    "generator.backend": "use generator.inference_engine.backend",
-    "generator.inference_engine_tensor_parallel_size": "use generator.inference_engine.tensor_parallel_size",
-    "generator.gpu_memory_utilization": "use generator.inference_engine.gpu_memory_utilization",
-    "generator.weight_sync_backend": "adapters travel through shared storage (docs/design.md)",
-    "generator.weight_transfer_threshold_cuda_ipc_GB": "adapters travel through shared storage",
-    "generator.async_engine": "not implemented", "generator.batched": "every live episode of a turn is one batch",
-    "generator.vllm_v1_disable_multiproc": "use generator.inference_engine.engine_init_kwargs",
-    "generator.enable_prefix_caching": "use generator.inference_engine.engine_init_kwargs",
-    "generator.enable_chunked_prefill": "use generator.inference_engine.engine_init_kwargs",
-    "generator.max_num_batched_tokens": "use generator.inference_engine.engine_init_kwargs",
-    "generator.enforce_eager": "use generator.inference_engine.engine_init_kwargs",
-    "generator.max_num_seqs": "use generator.inference_engine.engine_init_kwargs",
-    "generator.remote_inference_engine_urls": "engines are Ray actors of this run",
-    "generator.enable_http_endpoint": "serve adapters with serve_app.py", "generator.http_endpoint_host": "see serve_app.py",
-    "generator.http_endpoint_port": "see serve_app.py", "generator.override_existing_update_group": "not implemented",
-    "generator.sampling_params.repetition_penalty": "not implemented", "generator.sampling_params.min_p": "not implemented",
-    "generator.sampling_params.top_k": "not implemented", "generator.sampling_params.logprobs": "log-probs are always kept",
-    "generator.sampling_params.stop": "an answer ends at <|im_end|>",
-    "generator.eval_sampling_params.repetition_penalty": "not implemented",
-    "generator.eval_sampling_params.top_p": "not implemented", "generator.eval_sampling_params.min_p": "not implemented",
-    "generator.eval_sampling_params.top_k": "not implemented", "generator.eval_sampling_params.logprobs": "not needed",
-    "generator.eval_sampling_params.stop": "an answer ends at <|im_end|>",
-    "generator.eval_n_samples_per_prompt": "evaluation plays each maze once",
-    "generator.use_conversation_multi_turn": "turns are always chat messages",
-    "generator.append_eos_token_after_stop_str_in_multi_turn": "an answer ends at <|im_end|>",
-    "generator.zero_reward_on_non_stop": "the env rewards only a stop on the goal",
-    "generator.apply_overlong_filtering": "not implemented",
-    "data.train_data": "mazes come from data.dataset_dir (python driver.py --make-dataset)",
-    "data.val_data": "use data.eval_set",
-}
+    def check(self) -> None:
+        """Every field's own check, each section's, then the rules that span sections."""
+        check_fields(self)
+        self.trainer.check()
+        t, g, p = self.trainer, self.generator, self.trainer.placement
+        if t.train_batch_size > self.data.train_size:
+            raise ConfigError(f"trainer.train_batch_size ({t.train_batch_size}) exceeds data.train_size "
+                              f"({self.data.train_size})")
+        policy_gpus = p.policy_num_nodes * p.policy_num_gpus_per_node
+        engine_gpus = g.inference_engine.num_engines * g.inference_engine.tensor_parallel_size
+        if p.colocate_all and engine_gpus != policy_gpus:
+            raise ConfigError(
+                f"trainer.placement.colocate_all=true needs generator.inference_engine.num_engines x "
+                f"tensor_parallel_size ({engine_gpus}) == policy_num_nodes x policy_num_gpus_per_node ({policy_gpus})")
+        if p.colocate_all and t.ref_source() == "shards" and p.ref_num_nodes * p.ref_num_gpus_per_node != policy_gpus:
+            raise ConfigError("trainer.placement.colocate_all=true needs as many ref devices "
+                              "(ref_num_nodes x ref_num_gpus_per_node) as policy devices")
+        if g.inference_engine.tensor_parallel_size > 1 and g.inference_engine.backend == "hf":
+            raise ConfigError("generator.inference_engine.tensor_parallel_size > 1 needs backend=vllm")
+        if t.algorithm.advantage_estimator in ("grpo", "rloo", "gigpo") and g.n_samples_per_prompt < 2:
+            raise ConfigError(f"{t.algorithm.advantage_estimator} compares samples of one prompt: "
+                              f"generator.n_samples_per_prompt must be >= 2; got {g.n_samples_per_prompt}")

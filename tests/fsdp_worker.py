@@ -5,7 +5,7 @@ import os
 import pickle
 import sys
 
-from rl.algorithm import AlgorithmConfig
+from settings.schema import AlgorithmConfig
 
 ALGORITHM = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, use_rollout_logprobs=True)
 # the trainer recomputes the old policy and corrects toward the engines' log-probs

@@ -17,10 +17,11 @@ from safetensors.torch import load_file
 from envs.maze import MazeEnv
 from inference.requests import GenRequest, Sampling
 from net import free_port
-from rl.algorithm import AlgorithmConfig, compute_advantages
+from rl.algorithm import compute_advantages
 from rl.batch import build_items
 from rl.rollout import Episode, Turn
 from serving.maze_client import data_url
+from settings.schema import AlgorithmConfig
 from vlm.forward import TrainSeq, score_seqs
 from vlm.processor import load_processor
 

@@ -11,11 +11,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Lowest first. A module may import its own package and packages of lower layers, nothing else.
 LAYERS = [
+    {"settings"},
     {"storage", "net"},
     {"assets", "configs", "telemetry", "envs", "inference"},
     {"vlm"},
     {"rl"},
-    {"settings"},
     {"actors"},
     {"placement", "serving"},
     {"sft", "deploy"},
