@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rl.inputs import InputError, check_environment
-from settings import ConfigError, load_config, to_yaml
+from settings import Config, ConfigError, load_config, to_yaml
 
 
 def parse_args(argv):
@@ -63,7 +63,7 @@ def parse_args(argv):
 @dataclass(frozen=True)
 class Run:
     """What stays fixed from step to step."""
-    cfg: object               # settings.Config
+    cfg: Config
     dir: Path
     eval_rows: list
     validation_rows: list     # empty: no validation set, the final adapter is the run's
@@ -198,7 +198,7 @@ def step_line(step: int, total: int, m: dict) -> str:
             f"{m['timing/step']:.1f}s (gen {m.get('timing/generate', 0):.1f}s, train {m.get('timing/train', 0):.1f}s)")
 
 
-def train(cfg, chaos=None) -> int:
+def train(cfg: Config, chaos=None) -> int:
     """Check the inputs, start the fleet, resume, then grpo_step until the last step (`chaos`:
     placement.chaos.Chaos, the faults asked for on the command line)."""
     from tqdm import tqdm
@@ -309,7 +309,7 @@ def finish_saves(fleet, state, run: Run) -> int:
     return 3
 
 
-def eval_only(cfg, eval_set: str | None, adapter: str | None) -> int:
+def eval_only(cfg: Config, eval_set: str | None, adapter: str | None) -> int:
     """Greedy eval of the base or an adapter on the run's eval set, or on `eval_set` as it is: its rows'
     environment (another than the config's, say; several tasks are played as their mix and reported
     task by task) is the one played, and the run's dataset is not read."""
@@ -334,7 +334,7 @@ def eval_only(cfg, eval_set: str | None, adapter: str | None) -> int:
     return 0
 
 
-def publish(cfg, name: str, which: str, to: str | None, force: bool) -> int:
+def publish(cfg: Config, name: str, which: str, to: str | None, force: bool) -> int:
     """The run's chosen adapter (`which`: best, final or a step) as <prefix>/<name>/ for serving, with
     provenance.json: the run, the step, its eval score, the base model and the run config's hash."""
     import hashlib
@@ -377,14 +377,14 @@ def publish(cfg, name: str, which: str, to: str | None, force: bool) -> int:
     return 0
 
 
-def dry_run(cfg) -> int:
+def dry_run(cfg: Config) -> int:
     from placement.plan import format_plan, make_plan
     print(to_yaml(cfg))
     print(format_plan(make_plan(cfg, use_gpu=cfg.trainer.device == "cuda")))
     return 0
 
 
-def make_dataset(cfg, out_dir: str) -> int:
+def make_dataset(cfg: Config, out_dir: str) -> int:
     from rl.inputs import write_run_dataset
     manifest = write_run_dataset(cfg, out_dir)
     print(json.dumps(manifest["splits"], indent=2))

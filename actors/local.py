@@ -10,13 +10,14 @@ from actors.vllm_engine import VLLMEngine, engine_settings
 from rl.evaluate import EvalReport, evaluate, evaluation_sampling
 from rl.inputs import make_prompters
 from rl.rollout import RolloutRunner
+from settings import Config
 from storage import is_s3, open_store
 from storage.adapters import AdapterRef
 from vlm.load import compute_dtype, resolve_device, resolve_model_path
 from vlm.processor import load_processor
 
 
-def local_runner(cfg, adapter: str | None = None) -> tuple[RolloutRunner, int]:
+def local_runner(cfg: Config, adapter: str | None = None) -> tuple[RolloutRunner, int]:
     """(a rollout runner over one in-process engine, the adapter version it holds: 1, or 0 without)."""
     t = cfg.trainer
     device = resolve_device(t.device)
@@ -32,6 +33,6 @@ def local_runner(cfg, adapter: str | None = None) -> tuple[RolloutRunner, int]:
     return RolloutRunner.from_config(cfg, EngineClient([engine]).generate, prompters, env), version
 
 
-def evaluate_locally(cfg, eval_rows: list[dict], adapter: str | None = None) -> EvalReport:
+def evaluate_locally(cfg: Config, eval_rows: list[dict], adapter: str | None = None) -> EvalReport:
     runner, version = local_runner(cfg, adapter)
     return evaluate(runner, eval_rows, evaluation_sampling(cfg), version, cfg.trainer.eval_batch_size)

@@ -12,6 +12,7 @@ import time
 import torch
 
 from inference.requests import GenRequest, GenResult, Sampling
+from settings import Config
 from storage.adapters import AdapterRef
 
 
@@ -19,8 +20,8 @@ class StaleAdapterError(RuntimeError):
     pass
 
 
-def engine_settings(cfg) -> dict:
-    """VLLMEngine's keyword arguments from a run's config (settings.Config), beyond model and device."""
+def engine_settings(cfg: Config) -> dict:
+    """VLLMEngine's keyword arguments from a run's config, beyond model and device."""
     eng = cfg.generator.inference_engine
     settings = {"backend": eng.backend, "s3_cfg": cfg.s3}
     if eng.backend == "vllm":

@@ -25,6 +25,7 @@ from placement.launch import launch, restart_checkpointer, settle_nodes, teardow
 from placement.plan import make_plan
 from rl.rollout import RolloutRunner
 from rl.state import RunState
+from settings import Config
 from storage import adapters
 from storage.adapters import AdapterRef
 from storage.atomic import write_atomic
@@ -54,7 +55,7 @@ def code_root(actor) -> str:
 
 
 class Fleet:
-    def __init__(self, cfg, total_steps: int, run_dir: Path, device: str, prompters: dict, chaos: Chaos | None = None,
+    def __init__(self, cfg: Config, total_steps: int, run_dir: Path, device: str, prompters: dict, chaos: Chaos | None = None,
                  start_from: str | None = None):
         self.cfg, self.total_steps, self.run_dir, self.device = cfg, total_steps, Path(run_dir), device
         self.start_from = start_from  # the checked trainer.policy.model.lora.init_from folder (None: the base)

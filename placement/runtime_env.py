@@ -16,6 +16,8 @@ import os
 import uuid
 from pathlib import Path
 
+from settings import Config
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Always passed when set: Hugging Face (token, caches, endpoint, offline mode), AWS/S3 (credentials,
@@ -55,8 +57,8 @@ def run_namespace(configured: str | None, run_name: str) -> str:
     return configured or f"visrl-{run_name}-{uuid.uuid4().hex[:8]}"
 
 
-def connect(cfg) -> str:
-    """ray.init for a run (settings.Config); sets cfg.ray.namespace to the namespace used and returns it."""
+def connect(cfg: Config) -> str:
+    """ray.init for a run; sets cfg.ray.namespace to the namespace used and returns it."""
     import ray
     cfg.ray.namespace = run_namespace(cfg.ray.namespace, cfg.trainer.run_name)
     env = runtime_env(list(cfg.ray.forward_env), cfg.ray.address)

@@ -11,6 +11,7 @@ from pathlib import Path
 from envs.registry import get_environment
 from inference.requests import Sampling
 from rl.rollout import RolloutRunner, task_of
+from settings import Config
 
 
 @dataclass
@@ -80,7 +81,7 @@ def _outcome(played: list, max_turns: int) -> dict:
             "env_ceiling": get_environment(env_ids.pop()).env_ceiling(max_turns) if len(env_ids) == 1 else None}
 
 
-def evaluation_sampling(cfg) -> Sampling:
-    """generator.eval_sampling_params (greedy by default; cfg: settings.Config)."""
+def evaluation_sampling(cfg: Config) -> Sampling:
+    """generator.eval_sampling_params (greedy by default)."""
     p = cfg.generator.eval_sampling_params
     return Sampling(max_new_tokens=p.max_generate_length, temperature=p.temperature)

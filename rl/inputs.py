@@ -2,7 +2,7 @@
 datasets, an adapter to evaluate, and whether the first prompt fits.
 
 Every problem is an InputError whose one-line message names the input, says what is wrong with it
-and what to do; the driver turns it into exit status 2. `cfg` is a settings.Config.
+and what to do; the driver turns it into exit status 2.
 """
 from __future__ import annotations
 
@@ -60,12 +60,12 @@ def check_environment(cfg: Config) -> None:
         raise ConfigError(f"config key 'environment.env_class': {e}") from None
 
 
-def write_run_dataset(cfg, folder) -> dict:
+def write_run_dataset(cfg: Config, folder) -> dict:
     """Write the config's train, eval (and validation) sets into folder; return the manifest."""
     return environment_of(cfg).write_dataset(Path(folder), cfg.data, cfg.generator.max_turns)
 
 
-def load_datasets(cfg) -> tuple[list[dict], list[dict]]:
+def load_datasets(cfg: Config) -> tuple[list[dict], list[dict]]:
     """The run's train and eval rows. data.eval_set, if given, is checked first; the run's own
     dataset folder is written on first use."""
     env_id, d = cfg.environment.env_class, cfg.data
@@ -81,7 +81,7 @@ def load_datasets(cfg) -> tuple[list[dict], list[dict]]:
     return train_rows, eval_rows
 
 
-def check_dataset_matches(cfg, folder: Path) -> None:
+def check_dataset_matches(cfg: Config, folder: Path) -> None:
     """A dataset folder is written once, on first use: one written under other settings (an earlier
     default's data.train_size, say) would otherwise be trained on silently. A validation split is
     checked where the config asks for one (a folder may carry one the config does not use)."""
@@ -118,7 +118,7 @@ def check_dataset_matches(cfg, folder: Path) -> None:
                          f"at a new folder (it is written on first use), or remove this one")
 
 
-def load_validation(cfg) -> list[dict]:
+def load_validation(cfg: Config) -> list[dict]:
     """The validation rows that choose the run's best adapter (none with data.validation_size=0).
     Call after load_datasets, which writes the folder on first use and checks it has them."""
     if not cfg.data.validation_size:
@@ -134,7 +134,7 @@ def adapter_folder(path: str, s3_cfg=None, key: str = "--adapter") -> str:
         raise InputError(str(e)) from None
 
 
-def initial_adapter(cfg) -> str | None:
+def initial_adapter(cfg: Config) -> str | None:
     """trainer.policy.model.lora.init_from, checked against the run's LoRA before any actor starts:
     the adapter folder, or None (the run starts from the base)."""
     lora, key = cfg.trainer.policy.model.lora, "trainer.policy.model.lora.init_from"
@@ -158,7 +158,7 @@ def initial_adapter(cfg) -> str | None:
     return folder
 
 
-def make_prompters(processor, cfg) -> dict[str, ChatPrompter]:
+def make_prompters(processor, cfg: Config) -> dict[str, ChatPrompter]:
     """The run's chat prompters, one a task its environment holds (env_id -> prompter)."""
     return {task.name: task_prompter(processor, task, cfg.environment.cell_px) for task in environment_of(cfg).parts()}
 
@@ -173,7 +173,7 @@ def task_prompter(processor, task: Environment, cell_px: int) -> ChatPrompter:
     return ChatPrompter(processor.tokenizer, n_tokens, task.instruction)
 
 
-def check_prompt_fits(prompters: dict[str, ChatPrompter], cfg) -> None:
+def check_prompt_fits(prompters: dict[str, ChatPrompter], cfg: Config) -> None:
     """trainer.max_prompt_length bounds each task's first prompt (instruction and picture)."""
     limit = cfg.trainer.max_prompt_length
     for env_id, prompter in prompters.items():

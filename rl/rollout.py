@@ -17,6 +17,7 @@ import numpy as np
 
 from envs.registry import get_environment
 from inference.requests import GenRequest, Sampling
+from settings import Config
 from vlm.forward import TrainSeq
 
 
@@ -96,8 +97,8 @@ class RolloutRunner:
         self.window, self.pictures = context_window_turns, context_pictures
 
     @classmethod
-    def from_config(cls, cfg, generate, prompters, env) -> "RolloutRunner":
-        """The run's turn limit, input length and context window (cfg: settings.Config)."""
+    def from_config(cls, cfg: Config, generate, prompters, env) -> "RolloutRunner":
+        """The run's turn limit, input length and context window."""
         g = cfg.generator
         return cls(generate, env, prompters, g.max_turns, g.max_input_length, g.context_window_turns,
                    g.context_pictures)
@@ -171,8 +172,8 @@ def task_of(row: dict, episode_id: str, group: int) -> Task:
     return Task(episode_id, group, get_environment(row["env_id"]).init_state(row), row["seed"], env_id=row["env_id"])
 
 
-def training_sampling(cfg, step: int) -> Sampling:
-    """generator.sampling_params, seeded by the run's seed and the step (cfg: settings.Config)."""
+def training_sampling(cfg: Config, step: int) -> Sampling:
+    """generator.sampling_params, seeded by the run's seed and the step."""
     p = cfg.generator.sampling_params
     return Sampling(max_new_tokens=p.max_generate_length, temperature=p.temperature, top_p=p.top_p,
                     seed=cfg.trainer.seed * 100_003 + step)

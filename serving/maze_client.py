@@ -14,6 +14,7 @@ from PIL import Image
 
 from envs.prompt import INSTRUCTION
 from envs.registry import get_environment
+from settings import Config
 from vlm.chat import context_span
 
 
@@ -56,7 +57,7 @@ def play(chat, model: str, row: dict, cell_px: int, max_turns: int, window: int,
     return {"seed": row["seed"], "solved": reward > 0, "answers": answers}
 
 
-def play_as_configured(chat, model: str, row: dict, cfg) -> dict:
+def play_as_configured(chat, model: str, row: dict, cfg: Config) -> dict:
     """`play` with the run config's picture size, turns, context window and answer length (what the
     eval harness uses), so a served episode can be compared with the harness's."""
     g = cfg.generator
