@@ -4,7 +4,6 @@
     python driver.py --dry-run [key=value ...]               validate; print config and placement
     python driver.py --make-dataset DIR [key=value ...]      write train/eval sets + manifest
     python driver.py --eval-only [--adapter DIR|s3://...]    greedy eval of a model (+ adapter)
-    python driver.py --publish NAME [--step best|final|N]     the run's adapter under the serving prefix
 
 One step (`grpo_step` below), as docs/design.md draws it:
     rollouts (VLLMEngine x N, EnvPool) -> group-relative advantages (GRPO)
@@ -16,7 +15,7 @@ One step (`grpo_step` below), as docs/design.md draws it:
 What is simplified: the trainer scores each turn's tokens with the prompt that turn was sampled
 from (turns merge into one sequence only when the context window keeps the whole history), and
 old log-probs come from the engines unless `trainer.algorithm.use_rollout_logprobs=false`.
-Everything about the actors' lives (start, recovery, chaos, restore) is placement/fleet.py; the
+Everything about the actors' lives (start, recovery, chaos, restore) is controller/fleet.py; the
 state a step changes is rl/state.py's RunState, written only by this loop.
 """
 from __future__ import annotations
@@ -40,13 +39,6 @@ def parse_args(argv):
     ap.add_argument("--eval-only", action="store_true", help="evaluate greedily on the eval set and exit")
     ap.add_argument("--eval-set", metavar="FILE", help="with --eval-only: another eval .jsonl")
     ap.add_argument("--adapter", metavar="DIR", help="with --eval-only: a LoRA adapter folder or s3:// prefix")
-    ap.add_argument("--publish", metavar="NAME",
-                    help="publish the run's adapter for serving as <trainer.publish_path or --to>/NAME, then exit")
-    ap.add_argument("--step", default="best", metavar="best|final|N",
-                    help="with --publish: the validation-best (the default; the last export if the run has none), "
-                         "the last export, or export step N")
-    ap.add_argument("--to", metavar="PREFIX", help="with --publish: the serving prefix (a folder or s3://...)")
-    ap.add_argument("--force", action="store_true", help="with --publish: replace an adapter of that name")
     ap.add_argument("--chaos-kill-every", type=int, default=0, metavar="N",
                     help="kill a random actor every N steps (tests your recovery set-up; see docs/fault-tolerance.md)")
     ap.add_argument("--chaos-method", choices=("sigkill", "ray_kill", "mixed"), default="sigkill",
@@ -72,7 +64,7 @@ class Run:
 
 
 def grpo_step(step: int, state, fleet, run: Run) -> dict:
-    """One GRPO step, top to bottom (state: rl.state.RunState, fleet: placement.fleet.Fleet).
+    """One GRPO step, top to bottom (state: rl.state.RunState, fleet: controller.fleet.Fleet).
     Each phase is timed into timing/<phase>; the metrics of the step come back."""
     from rl.algorithm import compute_advantages
     from rl.batch import build_items
@@ -199,18 +191,23 @@ def step_line(step: int, total: int, m: dict) -> str:
 
 
 def train(cfg: Config, chaos=None) -> int:
-    """Check the inputs, start the fleet, resume, then grpo_step until the last step (`chaos`:
-    placement.chaos.Chaos, the faults asked for on the command line)."""
-    from tqdm import tqdm
+    """Set up, resume, fit, finish (`chaos`: controller.chaos.Chaos, the faults asked for on the
+    command line)."""
+    run, fleet, state, resume_at = set_up(cfg, chaos)
+    log, pending = resume(run, fleet, state, resume_at)
+    fit(run, fleet, state, log, pending)
+    return finish(run, fleet, state, log)
 
+
+def set_up(cfg: Config, chaos):
+    """Check every input before anything starts, record the config, start the actors: (run, fleet,
+    the run state at step 0, the checkpoint step to resume from)."""
     from actors.checkpointer import Checkpointer, resume_step
-    from placement.fleet import Fleet
-    from placement.runtime_env import connect, run_namespace
+    from controller.fleet import Fleet
+    from controller.runtime_env import connect, run_namespace
     from rl.inputs import check_model_path, check_prompt_fits, initial_adapter, load_datasets, load_validation, make_prompters
     from rl.sampler import PromptSampler, repeat_long_routes
     from rl.state import RunState
-    from telemetry.curve import plot_learning_curve, summary_line
-    from telemetry.run_log import RunLog
     from vlm.load import resolve_device, resolve_model_path
     from vlm.processor import load_processor
 
@@ -231,26 +228,38 @@ def train(cfg: Config, chaos=None) -> int:
     (run.dir / "config.yaml").write_text(run.config_yaml)
     if t.strategy == "fsdp":
         print("note: trainer.strategy=fsdp runs FSDP2 (fully_shard), as fsdp2 does; FSDP1 is not supported", flush=True)
-
     connect(cfg)
     fleet = Fleet(cfg, run.total_steps, run.dir, resolve_device(t.device), prompters, chaos, start_from)
     fleet.start()
-    state = RunState(0, None, sampler)
+    return run, fleet, RunState(0, None, sampler), resume_at
+
+
+def resume(run: Run, fleet, state, resume_at: int | None):
+    """The checkpoint (or the start) into the actors and `state`, the metrics log from that step on,
+    and the step-0 eval of a fresh run: (log, metrics for the next step's line)."""
+    from telemetry.run_log import RunLog
+    t = run.cfg.trainer
     restore_s = fleet.restore(state, t.resume_mode, resume_at)
     if restore_s is not None:
         print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {state.step} "
               f"(adapter v{state.version}) in {restore_s:.1f}s", flush=True)
     log = RunLog(str(run.dir), keep_through_step=state.step if restore_s is not None else -1, logger=t.logger,
-                 project=t.project_name, run_name=t.run_name, config=asdict(cfg))
-    pending = {"ckpt/restore_s": restore_s} if restore_s is not None else {}
+                 project=t.project_name, run_name=t.run_name, config=asdict(run.cfg))
     if state.step >= run.total_steps:
         print(f"the run in {run.dir} is complete ({state.step}/{run.total_steps} steps); start another with "
               f"trainer.resume_mode=none or a new trainer.run_dir")
     elif t.eval_before_train and state.step == 0:
         log.log(0, evaluate_policy(run, fleet, state) | {"time": time.time()})
+    return log, ({"ckpt/restore_s": restore_s} if restore_s is not None else {})
 
-    bar = tqdm(total=run.total_steps, initial=state.step, desc=f"{t.algorithm.advantage_estimator} {t.project_name}/{t.run_name}",
-               unit="step")
+
+def fit(run: Run, fleet, state, log, pending: dict) -> None:
+    """grpo_step until the last step (or trainer.stop_after_step); a lost actor or node is rebuilt and
+    the run goes on from the newest checkpoint, its redone steps logged once."""
+    from tqdm import tqdm
+    t = run.cfg.trainer
+    bar = tqdm(total=run.total_steps, initial=state.step, unit="step",
+               desc=f"{t.algorithm.advantage_estimator} {t.project_name}/{t.run_name}")
     recovered = None  # the record of a recovery whose next step has not finished yet
     while state.step < run.total_steps:
         step, started = state.step + 1, time.perf_counter()
@@ -279,8 +288,12 @@ def train(cfg: Config, chaos=None) -> int:
         if fleet.chaos.due(step, run.total_steps):
             fleet.chaos_kill(step)
     bar.close()
-    code = finish_saves(fleet, state, run)
 
+
+def finish(run: Run, fleet, state, log) -> int:
+    """The last save made durable, the learning curve drawn, the summary printed; the exit status."""
+    from telemetry.curve import plot_learning_curve, summary_line
+    code = fleet.make_last_save_durable(state, run.config_yaml)
     history = log.history()
     last_eval = next((h for h in reversed(history) if "eval/all/oracle_ceiling" in h), {})
     plot_learning_curve(history, str(run.dir / "learning_curve.png"), last_eval.get("eval/all/oracle_ceiling"),
@@ -290,23 +303,8 @@ def train(cfg: Config, chaos=None) -> int:
         print(summary_line(history))
         print(f"run folder: {run.dir} (metrics.jsonl, tensorboard/, learning_curve.png, eval/)")
         if state.best is not None:
-            print(f"adapter chosen by validation (step {state.best['step']}): {t.export_path}/best/policy")
+            print(f"adapter chosen by validation (step {state.best['step']}): {run.cfg.trainer.export_path}/best/policy")
     return code
-
-
-def finish_saves(fleet, state, run: Run) -> int:
-    """A failed save is tried again at the next step; the last step has none, so its save is tried
-    once more here. If it still fails, the run says which step is durable and exits non-zero (3)
-    instead of ending as if all were well."""
-    if fleet.save_failed:
-        print(f"retrying the checkpoint of step {state.step}", flush=True)
-        fleet.checkpoint(state, run.config_yaml)
-    if not fleet.save_failed:
-        return 0
-    print(f"ERROR: the checkpoint of step {state.step} could not be saved to {run.cfg.trainer.ckpt_path}; the last "
-          f"durable checkpoint is step {fleet.durable_step}. Fix the store and run the same command again to "
-          f"resume from there.", file=sys.stderr, flush=True)
-    return 3
 
 
 def eval_only(cfg: Config, eval_set: str | None, adapter: str | None) -> int:
@@ -334,49 +332,6 @@ def eval_only(cfg: Config, eval_set: str | None, adapter: str | None) -> int:
     return 0
 
 
-def publish(cfg: Config, name: str, which: str, to: str | None, force: bool) -> int:
-    """The run's chosen adapter (`which`: best, final or a step) as <prefix>/<name>/ for serving, with
-    provenance.json: the run, the step, its eval score, the base model and the run config's hash."""
-    import hashlib
-
-    from storage import adapters
-    from telemetry.run_log import read_metrics
-    t = cfg.trainer
-    from settings.load import refuse_placeholder
-    prefix = to or t.publish_path
-    if not prefix:
-        raise InputError("--publish needs a serving prefix: --to s3://bucket/lora-adapters (or a folder), or set "
-                         "trainer.publish_path")
-    refuse_placeholder("--to" if to else "trainer.publish_path", prefix)
-    steps = adapters.exported_steps(t.export_path, cfg.s3)
-    best = adapters.exported_best(t.export_path, cfg.s3) if which == "best" else None
-    if best is not None:
-        source, step = f"{t.export_path}/best/policy", best["step"]
-    elif which in ("best", "final") or which.isdigit():
-        step = int(which) if which.isdigit() else (steps[-1] if steps else None)
-        if step not in steps:
-            raise InputError(f"--step {which}: {t.export_path} holds no export of step {step} (it holds "
-                             f"{', '.join(map(str, steps)) or 'none'}); train first or name an exported step")
-        source = f"{t.export_path}/global_step_{step}/policy"
-    else:
-        raise InputError(f"--step takes best, final or a step number, not '{which}'")
-    scores = {h["step"]: h["eval/all/avg_score"] for h in read_metrics(Path(t.run_dir)) if "eval/all/avg_score" in h}
-    recorded = Path(t.run_dir) / "config.yaml"
-    config_text = recorded.read_text() if recorded.is_file() else to_yaml(cfg)
-    provenance = {"run": t.run_name, "run_dir": t.run_dir, "step": step, "chosen_by": "validation" if best else which,
-                  "eval_score": (best or {}).get("eval", scores.get(step)), "validation_score": (best or {}).get("validation"),
-                  "base_model": t.policy.model.path, "source": source,
-                  "config_sha256": hashlib.sha256(config_text.encode()).hexdigest(),
-                  "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    try:
-        where = adapters.publish(source, prefix, name, provenance, force, cfg.s3)
-    except adapters.AdapterError as e:
-        raise InputError(str(e)) from None
-    print(f"published step {step} of {t.run_name} as {where} (serve it as <base_id>:{name})")
-    print(json.dumps(provenance, indent=2))
-    return 0
-
-
 def dry_run(cfg: Config) -> int:
     from placement.plan import format_plan, make_plan
     print(to_yaml(cfg))
@@ -393,7 +348,7 @@ def make_dataset(cfg: Config, out_dir: str) -> int:
 
 
 def chaos_from_args(args):
-    from placement.chaos import Chaos, parse_node_kills
+    from controller.chaos import Chaos, parse_node_kills
     try:
         node_kills = parse_node_kills(args.chaos_kill_node)
     except ValueError as e:
@@ -412,8 +367,6 @@ def main(argv=None) -> int:
             return make_dataset(cfg, args.make_dataset)
         if args.eval_only:
             return eval_only(cfg, args.eval_set, args.adapter)
-        if args.publish:
-            return publish(cfg, args.publish, args.step, args.to, args.force)
         return train(cfg, chaos_from_args(args))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
@@ -423,7 +376,7 @@ def main(argv=None) -> int:
         return 2
     except RuntimeError as e:
         from actors.checkpointer import CheckpointError
-        from placement.fleet import GiveUp
+        from controller.fleet import GiveUp
         if not isinstance(e, (GiveUp, CheckpointError)):
             raise
         print(f"error: {e}", file=sys.stderr)

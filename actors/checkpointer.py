@@ -48,7 +48,7 @@ class Checkpointer:
     def save(self, step: int, trainer_state: dict, policy_state: dict, adapter_dir: str) -> dict:
         """Write global_step_{step}, then the marker; returns {"seconds", "bytes"}. One attempt: S3's
         transient errors are retried by botocore (s3.max_attempts); a save that still fails is
-        retried by the run at its next step (placement/fleet.py)."""
+        retried by the run at its next step (controller/fleet.py)."""
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp) / step_dir(step)

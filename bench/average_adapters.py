@@ -1,11 +1,11 @@
-"""Does the mean of a run's last adapters beat its final one? Post hoc, on bench/seeds.py's folders:
+"""Does the mean of a run's last adapters beat its final one? Post hoc, on tools/seeds.py's folders:
 for each seed, the LoRA tensors of its last K exports (exports/global_step_N/policy) are averaged
 and that adapter and the final export are evaluated greedily on the run's eval set and on --heldout.
 
     python bench/average_adapters.py --name stepw2 --seeds 42 0 1 2 --last 4
                                      [--heldout runs/heldout/eval.jsonl] [key=value ...]
 
-Pass the overrides the seeds ran with (bench/seeds.py's), or the dataset check stops the eval.
+Pass the overrides the seeds ran with (tools/seeds.py's), or the dataset check stops the eval.
 A and B are averaged apart, as weight averages of one run's checkpoints do ("model soups",
 stochastic weight averaging): the mean of the products BA would not be rank r any more. Late in a
 run the adapters are close, which is when the two agree.
@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.seeds import by_length, eval_adapter, parse_with_overrides, seed_args  # noqa: E402
+from tools.seeds import by_length, eval_adapter, parse_with_overrides, seed_args  # noqa: E402
 
 
 def average_adapters(adapters: list[Path], out: Path) -> Path:

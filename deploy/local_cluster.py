@@ -9,7 +9,7 @@ topology of the reference run (docs/cluster.md) on a laptop.
     python deploy/local_cluster.py down                                        # every node this script started
 
 Nodes start without the Hugging Face and AWS variables of the shell that starts them (as a real
-cluster's nodes would not have them): a run passes them on itself (placement/runtime_env.py).
+cluster's nodes would not have them): a run passes them on itself (controller/runtime_env.py).
 The head is started as the reference's head is: `ray start --head` with no CPUs and no GPUs for
 actors (the driver, the object store, the dashboard with its job server, and the actors that ask
 for nothing: EnvPool, Checkpointer). Each worker is `ray start --address=...` with its own raylet
@@ -42,8 +42,8 @@ from pathlib import Path
 
 # run as a script from a checkout (python deploy/local_cluster.py), the project's packages sit beside it
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from controller.runtime_env import FORWARDED_ENV  # noqa: E402
 from net import free_port  # noqa: E402
-from placement.runtime_env import FORWARDED_ENV  # noqa: E402
 from storage.atomic import write_atomic  # noqa: E402
 
 DEFAULT_DIR = Path("runs") / "cluster"  # under the folder it is run from

@@ -1,7 +1,7 @@
 """What one training step changes, owned in one place: the step reached, the adapter the engines
 hold, the data position and the best adapter so far by the validation set. Two things write it: a
 finished step (driver.grpo_step marks the step and adapter, and at an eval the best; the sampler
-moves as it hands out batches) and a restore from a checkpoint (placement.fleet.Fleet.restore),
+moves as it hands out batches) and a restore from a checkpoint (controller.fleet.Fleet.restore),
 whose snapshot it is (the best adapter's record is its export's selection.json)."""
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ def typed_settings(schema, values: dict | None, what: str):
 
 
 PLACEHOLDER = re.compile(r"<[A-Za-z][A-Za-z0-9_-]*>")
-CHECKED_WHEN_USED = {"trainer.publish_path"}  # only `--publish` writes there: training runs with it unfilled
+CHECKED_WHEN_USED = {"trainer.publish_path"}  # only tools/publish.py writes there: training runs with it unfilled
 
 
 def refuse_placeholder(key: str, value) -> None:

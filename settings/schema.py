@@ -160,7 +160,7 @@ class TrainerConfig:
     ckpt_path: str = setting("runs/default/ckpts", "checkpoints: a folder or s3://bucket/prefix")
     export_path: str = setting("runs/default/exports", "adapter exports: a folder or s3://bucket/prefix")
     publish_path: Optional[str] = setting(
-        None, "the serving prefix `driver.py --publish NAME` writes <publish_path>/NAME/ under: what the serve "
+        None, "the serving prefix `tools/publish.py NAME` writes <publish_path>/NAME/ under: what the serve "
               "app's (and ray.serve.llm's) dynamic_lora_loading_path reads", visrl=True)
     max_ckpts_to_keep: int = setting(-1, "checkpoints kept (-1: all)")
     max_restarts: int = setting(10, "actor-group rebuilds (each a lost actor or node) before the run gives up",

@@ -19,10 +19,10 @@ def main(address: str, model_dir: str, items_path: str, out_dir: str) -> None:
     import ray
 
     from actors.policy_shard import FSDPPolicyShard
+    from controller.launch import slot_options
+    from controller.runtime_env import runtime_env
     from placement.groups import create_groups, remove_groups
-    from placement.launch import slot_options
     from placement.plan import make_plan
-    from placement.runtime_env import runtime_env
     from rl.batch import split_for_ranks
     from settings import load_config
     from tests.fsdp_worker import ALGORITHM

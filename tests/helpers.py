@@ -93,6 +93,12 @@ def short_run_args(run, model_dir: str | None = None):
         ([f"trainer.policy.model.path={model_dir}"] if model_dir else [])
 
 
+def run_tool(name, args, timeout=600):
+    """tools/<name>.py as a user runs it, from the checkout."""
+    return subprocess.run([sys.executable, f"tools/{name}.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+
+
 def run_driver(args, timeout=600, env_extra=None):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env_extra or {})}
     return subprocess.run([sys.executable, "driver.py", *args], cwd=ROOT, capture_output=True, text=True,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from controller.runtime_env import FORWARDED_ENV, SHIP_EXCLUDES, runtime_env
 from deploy.local_cluster import LocalCluster
-from placement.runtime_env import FORWARDED_ENV, SHIP_EXCLUDES, runtime_env
 
 ROOT = Path(__file__).resolve().parent.parent
 RAY = str(Path(sys.executable).parent / "ray")

@@ -122,7 +122,8 @@ def test_the_training_job_trains_then_publishes_with_values_from_its_config():
     assert "$" not in entry
     train, publish = [shlex.split(part) for part in entry.split("&&")]
     assert train[:2] == ["python", "driver.py"] and (ROOT / train[1]).is_file()
-    assert publish[:len(train)] == train and publish[len(train):] == ["--publish", "maze-grpo"]
+    assert publish[:3] == ["python", "tools/publish.py", "maze-grpo"] and (ROOT / publish[1]).is_file()
+    assert publish[3:] == train[2:]  # the same config: the run it trained
     config = ROOT / train[train.index("--config") + 1]
     with pytest.raises(ConfigError, match="placeholder <bucket>"):
         load_config(config, train[train.index("--config") + 2:])

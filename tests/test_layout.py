@@ -18,8 +18,9 @@ LAYERS = [
     {"rl"},
     {"actors"},
     {"placement", "serving"},
+    {"controller"},
     {"sft", "deploy"},
-    {"driver", "serve_app"},
+    {"driver", "serve_app", "tools"},
 ]
 LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
@@ -80,7 +81,7 @@ def test_the_wheel_ships_every_package_and_runs_from_anywhere(tmp_path):
     assert operator_files and operator_files <= names, operator_files - names  # manifests, rules, dashboards
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    code = ("import driver, serve_app, actors.local, placement.fleet, serving.adapters, sft.embedded_base, telemetry.curve\n"
+    code = ("import driver, serve_app, actors.local, controller.fleet, serving.adapters, sft.embedded_base, telemetry.curve\n"
             "from settings import load_config\n"
             "from vlm.load import resolve_model_path\n"
             "cfg = load_config(None, [])\n"

@@ -4,8 +4,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from controller.launch import slot_options
 from placement.groups import PlacementError, bundle_nodes, create_groups, remove_groups
-from placement.launch import slot_options
 from placement.plan import make_plan
 from settings import load_config
 

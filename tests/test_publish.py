@@ -104,11 +104,11 @@ def test_on_s3_the_config_readers_wait_for_is_written_last(adapter, tiny_model_d
     assert keys == {f"adapters/stage1/{f}" for f in (*ADAPTER_FILES, PROVENANCE)}
 
 
-def test_the_driver_publishes_nothing_with_a_placeholder_prefix(tmp_path):
-    from tests.helpers import run_driver
-    out = run_driver(["--publish", "stage1", "--to", "s3://<bucket>/lora-adapters", f"trainer.run_dir={tmp_path}",
-                      f"trainer.export_path={tmp_path}/exports"])
+def test_the_tool_publishes_nothing_with_a_placeholder_prefix_or_no_export(tmp_path):
+    from tests.helpers import run_tool
+    out = run_tool("publish", ["stage1", "--to", "s3://<bucket>/lora-adapters", f"trainer.run_dir={tmp_path}",
+                               f"trainer.export_path={tmp_path}/exports"])
     assert out.returncode == 2 and "placeholder <bucket>" in out.stderr
-    out = run_driver(["--publish", "stage1", "--to", str(tmp_path / "serve"), f"trainer.run_dir={tmp_path}",
-                      f"trainer.export_path={tmp_path}/exports", "--step", "final"])
+    out = run_tool("publish", ["stage1", "--to", str(tmp_path / "serve"), f"trainer.run_dir={tmp_path}",
+                               f"trainer.export_path={tmp_path}/exports", "--step", "final"])
     assert out.returncode == 2 and "holds no export" in out.stderr and not (tmp_path / "serve").exists()

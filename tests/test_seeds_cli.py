@@ -1,6 +1,6 @@
-"""bench/seeds.py's command line: overrides may follow the seed list directly, and name the seed; several
+"""tools/seeds.py's command line: overrides may follow the seed list directly, and name the seed; several
 held-out sets are each evaluated."""
-from bench.seeds import parse_args
+from tools.seeds import parse_args
 
 
 def test_overrides_right_after_the_seed_list_are_overrides_not_seeds():
@@ -14,7 +14,7 @@ def test_overrides_right_after_the_seed_list_are_overrides_not_seeds():
 def test_seed_in_an_override_stands_for_each_seed():
     from pathlib import Path
 
-    from bench.seeds import seed_args
+    from tools.seeds import seed_args
     init = "trainer.policy.model.lora.init_from=runs/seeds/easy/seed_{seed}/exports/global_step_64/policy"
     args = seed_args(3, Path("runs/seeds/hard/seed_3"), "configs/hard.yaml", [init, "trainer.epochs=1"])
     assert "trainer.policy.model.lora.init_from=runs/seeds/easy/seed_3/exports/global_step_64/policy" in args
@@ -24,9 +24,9 @@ def test_seed_in_an_override_stands_for_each_seed():
 def test_each_heldout_set_is_evaluated_into_its_own_folder(tiny_model_dir, tmp_path):
     import json
 
-    from bench.seeds import run_seed
     from envs.registry import get_environment
     from tests.helpers import make_adapter
+    from tools.seeds import run_seed
     assert parse_args(["--heldout", "a.jsonl", "--heldout", "b.jsonl"]).heldout == ["a.jsonl", "b.jsonl"]
     # a seed's folder as a finished run leaves it: curve, eval rows, adapters (v2 the final one)
     folder = tmp_path / "seed_0"

@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from net import free_port
-from tests.helpers import ROOT, chat_body, make_adapter, png_data_url, run_driver, short_run_args
+from tests.helpers import ROOT, chat_body, make_adapter, png_data_url, run_driver, run_tool, short_run_args
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +282,7 @@ def test_adapters_from_a_local_s3_server(server, tiny_model_dir, adapters, s3_se
 
 
 def test_a_published_adapter_plays_the_mazes_as_eval_only_does(server, s3_server, tmp_path):
-    """From training to serving: a short CPU run, `driver.py --publish` to the S3 server, the serve app
+    """From training to serving: a short CPU run, `tools/publish.py` to the S3 server, the serve app
     serving it as <base>:<name>; a client's greedy moves on trail mazes equal `driver.py --eval-only` of
     that adapter, and the base's equal the eval harness's. The shipped base plays (a random tiny model's
     garbage text does not survive a text round trip), and the client draws each row's own pictures."""
@@ -298,13 +298,13 @@ def test_a_published_adapter_plays_the_mazes_as_eval_only_does(server, s3_server
     trained = run_driver(args)
     assert trained.returncode == 0, trained.stderr[-3000:]
     s3_server.client().create_bucket(Bucket="published")
-    published = run_driver(["--publish", "stage1", "--to", "s3://published/maze", *args, *s3])
+    published = run_tool("publish", ["stage1", "--to", "s3://published/maze", *args, *s3])
     assert published.returncode == 0, published.stderr[-3000:]
     provenance = json.loads(s3_server.client().get_object(Bucket="published", Key="maze/stage1/provenance.json")["Body"].read())
     selection = json.loads((run / "exports" / "best" / "selection.json").read_text())
     assert provenance["step"] == selection["step"] and provenance["chosen_by"] == "validation"
     assert provenance["base_model"] == "assets/maze-vl-base" and len(provenance["config_sha256"]) == 64
-    again = run_driver(["--publish", "stage1", "--to", "s3://published/maze", *args, *s3])
+    again = run_tool("publish", ["stage1", "--to", "s3://published/maze", *args, *s3])
     assert again.returncode == 2 and "exists already" in again.stderr and "--force" in again.stderr
 
     evaluated = run_driver(["--eval-only", "--adapter", str(run / "exports" / "best" / "policy"), *args[1:],

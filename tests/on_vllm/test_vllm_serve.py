@@ -8,7 +8,7 @@ from net import free_port
 from serving.maze_client import messages_for, openai_chat, play_as_configured
 from settings import load_config
 from tests.helpers import EMBEDDED_BASE as BASE
-from tests.helpers import make_adapter, run_driver, short_run_args
+from tests.helpers import make_adapter, run_driver, run_tool, short_run_args
 
 BASE_ID = "maze-vl-base"
 
@@ -16,13 +16,13 @@ BASE_ID = "maze-vl-base"
 @pytest.fixture(scope="module")
 def published(s3_server, tmp_path_factory):
     """A short CPU training run's validation-best adapter, published to the S3 server as `stage1` by
-    `driver.py --publish`, and `driver.py --eval-only`'s episodes of it: (the run's arguments, those episodes)."""
+    `tools/publish.py`, and `driver.py --eval-only`'s episodes of it: (the run's arguments, those episodes)."""
     run = tmp_path_factory.mktemp("published") / "run"
     args = short_run_args(run)
     trained = run_driver(args)
     assert trained.returncode == 0, trained.stderr[-3000:]
     s3_server.client().create_bucket(Bucket="serve")
-    out = run_driver(["--publish", "stage1", "--to", "s3://serve/adapters", *args, f"s3.endpoint_url={s3_server.url}"])
+    out = run_tool("publish", ["stage1", "--to", "s3://serve/adapters", *args, f"s3.endpoint_url={s3_server.url}"])
     assert out.returncode == 0, out.stderr[-3000:]
     evaluated = run_driver(["--eval-only", "--adapter", str(run / "exports" / "best" / "policy"), *args[1:],
                             f"trainer.run_dir={run.parent / 'eval'}"])
@@ -100,7 +100,7 @@ def test_models_and_picture_completions_on_base_and_adapter(servers, cfg_and_row
 
 
 def test_the_published_adapter_plays_as_eval_only_on_both_apps(servers, published):
-    """From training to serving: what `driver.py --publish` put on S3, served by ray.serve.llm (and the
+    """From training to serving: what `tools/publish.py` put on S3, served by ray.serve.llm (and the
     hf app) as <base>:stage1, makes `driver.py --eval-only`'s greedy moves through the openai client."""
     from rl.inputs import load_datasets
     args, eval_only = published

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -19,9 +20,9 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, ObjectLostErr
 
 from actors.checkpointer import Checkpointer, CheckpointError, parse_step_path, resume_step
 from actors.handles import EngineClient, Sync, TrainingClient, call_all
-from placement.chaos import NODE_KILL_PHASES, Chaos, kill_actor, start_killer
+from controller.chaos import NODE_KILL_PHASES, Chaos, kill_actor, start_killer
+from controller.launch import launch, restart_checkpointer, settle_nodes, teardown
 from placement.groups import PlacementError
-from placement.launch import launch, restart_checkpointer, settle_nodes, teardown
 from placement.plan import make_plan
 from rl.rollout import RolloutRunner
 from rl.state import RunState
@@ -210,6 +211,20 @@ class Fleet:
         self.durable_step, self.save_failed = state.step, False
         return {"ckpt/failed": 0.0, "ckpt/save_s": info["seconds"], "ckpt/bytes": info["bytes"],
                 "ckpt/bytes_per_s": info["bytes"] / max(info["seconds"], 1e-9)}
+
+    def make_last_save_durable(self, state: RunState, config_yaml: str) -> int:
+        """A failed save is tried again at the next step; the last step has none, so its save is tried
+        once more here. If it still fails, the run says which step is durable and exits non-zero (3)
+        instead of ending as if all were well. Returns the run's exit status."""
+        if self.save_failed:
+            print(f"retrying the checkpoint of step {state.step}", flush=True)
+            self.checkpoint(state, config_yaml)
+        if not self.save_failed:
+            return 0
+        print(f"ERROR: the checkpoint of step {state.step} could not be saved to {self.cfg.trainer.ckpt_path}; the "
+              f"last durable checkpoint is step {self.durable_step}. Fix the store and run the same command again "
+              f"to resume from there.", file=sys.stderr, flush=True)
+        return 3
 
     # ---- faults -----------------------------------------------------------------------------------
     def recover(self, failure: BaseException, state: RunState, failed_step: int) -> dict:

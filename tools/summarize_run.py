@@ -1,6 +1,6 @@
 """Summarize a training run: the learning curve's numbers, wall time, per-phase share of step time.
 
-    python bench/summarize_run.py [runs/default]
+    python tools/summarize_run.py [runs/default]
 """
 import json
 import sys

@@ -3,7 +3,7 @@ run folder; then a table per seed and mean +- std (base, best and final eval sol
 time; with a validation set, the eval solve rate of the adapter it chose) and seeds.png with one
 eval curve a seed.
 
-    python bench/seeds.py --seeds 0 1 2 [--parallel 1] [--name default] [--config FILE]
+    python tools/seeds.py --seeds 0 1 2 [--parallel 1] [--name default] [--config FILE]
                           [--heldout runs/heldout/eval.jsonl ...] [--no-run] [key=value ...]
 
 Sequential by default (the 2-core CPU has room for one run); `--parallel K` runs K at once where a

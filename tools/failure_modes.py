@@ -1,6 +1,6 @@
 """What a policy gets wrong: replay an eval's per-maze answers and sort every turn.
 
-    python bench/failure_modes.py runs/default/eval/step_00000.jsonl [--data runs/default/data/eval.jsonl]
+    python tools/failure_modes.py runs/default/eval/step_00000.jsonl [--data runs/default/data/eval.jsonl]
 
 Each turn is `optimal` (a shortest-path move, or stop on the goal), a `detour` (a move into an
 open cell away from the goal), a `wall` hit (the agent stays put) or a wrong `stop`. Prints one
