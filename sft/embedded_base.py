@@ -45,6 +45,7 @@ from envs.actions import ACTIONS
 from envs.base import Environment
 from envs.expert import direction_field
 from envs.maze import MazeEnv
+from envs.prompt import tokenizer_corpus
 from rl.inputs import environment_of, task_prompter
 from storage.atomic import replace_dir, temp_beside
 from vlm.build import EmbeddedArch, build_random_base
@@ -316,7 +317,7 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     started = time.time()
     arch = EmbeddedArch(cell_px=cfg.environment.cell_px)
-    model, processor = build_random_base(arch, args.seed)
+    model, processor = build_random_base(arch, args.seed, tokenizer_corpus())
     if args.from_base:
         load_model(model, str(Path(args.from_base) / "model.safetensors"))  # handles the tied embeddings
         report = {"from_base": args.from_base}

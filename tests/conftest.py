@@ -42,9 +42,10 @@ TINY = dict(text_hidden=32, text_layers=1, text_heads=2, text_kv_heads=1, text_i
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
+    from envs.prompt import tokenizer_corpus
     from vlm.build import EmbeddedArch, build_random_base
     out = tmp_path_factory.mktemp("tiny-model")
-    model, processor = build_random_base(EmbeddedArch(**TINY), seed=0)
+    model, processor = build_random_base(EmbeddedArch(**TINY), seed=0, corpus=tokenizer_corpus())
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return str(out)

@@ -1,7 +1,8 @@
 """Build the embedded base: a small Qwen3-VL-shaped model, its tokenizer and its processor.
 
-The tokenizer is a byte-level BPE trained here on the maze chat (so every string encodes, and
-the agent's words are single tokens). The image processor uses one `cell_px` square a patch and
+The tokenizer is a byte-level BPE trained here on the task's chat (so every string encodes, and
+the agent's words are single tokens; the caller gives the texts: envs.prompt.tokenizer_corpus for
+the maze). The image processor uses one `cell_px` square a patch and
 no spatial merge, so one maze cell is one image token, and the vision tower (bidirectional
 attention over the cells) does the path finding that the causal language layers cannot.
 """
@@ -14,9 +15,6 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from envs.actions import ACTIONS
-from envs.maze import INVALID_ACTION, WALL_HIT
-from envs.prompt import INSTRUCTION, action_text
 from vlm.chat import CHAT_TEMPLATE, SPECIAL_TOKENS
 from vlm.processor import ImageOnlyQwen3VLProcessor
 
@@ -37,14 +35,8 @@ class EmbeddedArch:
     maze_size: int = 9         # learned position grid matches the easy maze
 
 
-def tokenizer_corpus() -> list[str]:
-    feedback = [INVALID_ACTION, WALL_HIT, "Stopped on the goal.", "Stopped away from the goal."]
-    feedback += [f"Moved {a}." for a in ACTIONS[:4]]
-    answers = [action_text(a) for a in ACTIONS] + [f"('move', {i})" for i in range(4)] + ["('stop', 'stop')"]
-    return [INSTRUCTION] * 20 + feedback * 20 + answers * 50 + ["user", "assistant", "system"] * 20
-
-
-def train_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+def train_tokenizer(vocab_size: int, corpus: list[str]) -> PreTrainedTokenizerFast:
+    """A byte-level BPE of `vocab_size` trained on `corpus` (the task's texts: its words become tokens)."""
     bpe = Tokenizer(models.BPE())
     # Action tags and words stay whole; ByteLevel keeps every byte encodable.
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
@@ -53,7 +45,7 @@ def train_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    bpe.train_from_iterator(tokenizer_corpus(), trainer)
+    bpe.train_from_iterator(corpus, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    chat_template=CHAT_TEMPLATE)
 
@@ -96,10 +88,10 @@ def build_config(tokenizer, arch: EmbeddedArch) -> Qwen3VLConfig:
         tie_word_embeddings=True, **ids)
 
 
-def build_random_base(arch: EmbeddedArch, seed: int):
-    """Model (random init), processor; deterministic for a seed."""
+def build_random_base(arch: EmbeddedArch, seed: int, corpus: list[str]):
+    """Model (random init), processor with a tokenizer trained on `corpus`; deterministic for a seed."""
     torch.manual_seed(seed)
-    tokenizer = train_tokenizer(arch.vocab_size)
+    tokenizer = train_tokenizer(arch.vocab_size, corpus)
     processor = build_processor(tokenizer, arch)
     model = Qwen3VLForConditionalGeneration(build_config(tokenizer, arch))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
