@@ -4,6 +4,7 @@ Kept short on purpose: the instruction is part of every turn's prompt, and on a 
 token is paid for at every turn of every episode.
 """
 from envs.actions import ACTIONS
+from envs.maze import INVALID_ACTION, WALL_HIT
 
 INSTRUCTION = (
     "Reach the red square. You are the blue disc; grey cells are walls. One move a turn: "
@@ -19,7 +20,6 @@ def action_text(action: str) -> str:
 
 def tokenizer_corpus() -> list[str]:
     """The maze chat's texts, weighted, that the embedded base's tokenizer was trained on (vlm.build)."""
-    from envs.maze import INVALID_ACTION, WALL_HIT  # the maze imports this module
     feedback = [INVALID_ACTION, WALL_HIT, "Stopped on the goal.", "Stopped away from the goal."]
     feedback += [f"Moved {a}." for a in ACTIONS[:4]]
     answers = [action_text(a) for a in ACTIONS] + [f"('move', {i})" for i in range(4)] + ["('stop', 'stop')"]
