@@ -63,7 +63,8 @@ class MultiLoraServer:
         self.s = ServeSettings(**settings)
         device = resolve_device(self.s.device)
         s3 = S3Config(endpoint_url=self.s.s3_endpoint_url or None)
-        model, processor = load_model(self.s.base_model, device, torch.bfloat16 if device == "cuda" else torch.float32, s3)
+        model, processor = load_model(self.s.base_model, device, torch.bfloat16 if device == "cuda" else torch.float32, s3,
+                                      speedups=self.s.speedups)
         self.backend = HFBackend(model, processor, device)  # `generate`: CUDA graphs would pin one adapter
         self.limits = Limits(max_body_bytes=self.s.max_body_bytes, max_image_pixels=self.s.max_image_pixels,
                              max_tokens=self.s.max_tokens)

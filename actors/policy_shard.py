@@ -32,13 +32,13 @@ class FSDPPolicyShard:
     def __init__(self, model_path: str, rank: int = 0, world_size: int = 1, device: str = "cpu",
                  lora: dict | None = None, optimizer: dict | None = None, total_steps: int = 1,
                  seed: int = 42, cpu_offload: bool = False, s3_cfg=None, threads: int | None = None,
-                 dtype: str = "float32", gradient_checkpointing: bool = False):
+                 dtype: str = "float32", gradient_checkpointing: bool = False, speedups: bool = True):
         self.model_path, self.rank, self.world_size, self.device = model_path, rank, world_size, device
         self.lora_cfg = {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear", **(lora or {})}
         self.optim_cfg = {"lr": 1e-4, "adam_betas": [0.9, 0.999], "weight_decay": 0.0, "max_grad_norm": 1.0,
                           "num_warmup_steps": 0, "scheduler": "constant_with_warmup", **(optimizer or {})}
         self.total_steps, self.seed, self.cpu_offload, self.s3_cfg = total_steps, seed, cpu_offload, s3_cfg
-        self.gradient_checkpointing = gradient_checkpointing
+        self.gradient_checkpointing, self.speedups = gradient_checkpointing, speedups
         # with bf16 (GPUs) the frozen base is held in bf16 and only the LoRA weights keep fp32 masters
         # (PEFT creates them in fp32); FSDP2 computes in bf16 and reduces gradients in fp32
         self.bf16_compute = dtype == "bfloat16"
@@ -61,7 +61,7 @@ class FSDPPolicyShard:
         init_distributed(self.rank, self.world_size, master_addr, master_port, self.device)
         torch.manual_seed(self.seed)
         base, self.processor = load_model(self.model_path, staging_device(self.device, self.cpu_offload), self.dtype,
-                                         self.s3_cfg)
+                                         self.s3_cfg, speedups=self.speedups)
         for p in base.parameters():
             p.requires_grad_(False)
         if self.gradient_checkpointing:  # only while training: the no-grad scoring passes keep nothing

@@ -14,8 +14,10 @@ from vlm.sharding import init_distributed, shard_model, staging_device
 
 class RefShard:
     def __init__(self, model_path: str, rank: int = 0, world_size: int = 1, device: str = "cpu",
-                 cpu_offload: bool = False, s3_cfg=None, threads: int | None = None, dtype: str = "float32"):
+                 cpu_offload: bool = False, s3_cfg=None, threads: int | None = None, dtype: str = "float32",
+                 speedups: bool = True):
         self.model_path, self.rank, self.world_size, self.device = model_path, rank, world_size, device
+        self.speedups = speedups
         self.cpu_offload, self.s3_cfg, self.dtype = cpu_offload, s3_cfg, getattr(torch, dtype)
         if threads:
             torch.set_num_threads(threads)
@@ -28,7 +30,7 @@ class RefShard:
         from vlm.load import load_model
         init_distributed(self.rank, self.world_size, master_addr, master_port, self.device)
         self.model, self.processor = load_model(self.model_path, staging_device(self.device, self.cpu_offload), self.dtype,
-                                                self.s3_cfg)
+                                                self.s3_cfg, speedups=self.speedups)
         for p in self.model.parameters():
             p.requires_grad_(False)
         shard_model(self.model, self.device, self.world_size, self.cpu_offload)

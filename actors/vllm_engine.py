@@ -23,6 +23,7 @@ class StaleAdapterError(RuntimeError):
 def engine_settings(cfg: Config) -> dict:
     """VLLMEngine's keyword arguments from a run's config, beyond model and device."""
     eng = cfg.generator.inference_engine
+    speedups = cfg.trainer.policy.model.speedups
     settings = {"backend": eng.backend, "s3_cfg": cfg.s3}
     if eng.backend == "vllm":
         # vLLM sizes its profiling run by the most pictures a prompt may hold
@@ -34,7 +35,8 @@ def engine_settings(cfg: Config) -> dict:
                      "engine_init_kwargs": dict(eng.engine_init_kwargs)}
     else:
         # a picture recurs in later prompts only when more than the last one is kept
-        settings |= {"merge_lora": eng.merge_lora, "decode_loop": "graphs" if eng.cuda_graphs else "hf",
+        settings |= {"merge_lora": eng.merge_lora, "speedups": speedups,
+                     "decode_loop": "graphs" if eng.cuda_graphs and speedups else "hf",
                      "picture_cache_bytes": 0 if cfg.generator.context_pictures == 1 else 1 << 30}
     return settings
 
@@ -53,7 +55,8 @@ class VLLMEngine:
         else:
             from inference.hf_backend import HFBackend
             from vlm.load import load_model
-            model, processor = load_model(model_path, device, getattr(torch, dtype), s3_cfg)
+            model, processor = load_model(model_path, device, getattr(torch, dtype), s3_cfg,
+                                          speedups=vllm_kwargs.get("speedups", True))
             self.backend = HFBackend(model, processor, device, merge_lora=vllm_kwargs.get("merge_lora", False),
                                      picture_cache_bytes=vllm_kwargs.get("picture_cache_bytes", 1 << 30),
                                      decode_loop=vllm_kwargs.get("decode_loop", "graphs"))

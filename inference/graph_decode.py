@@ -34,6 +34,42 @@ DECODE_ATTENTION = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPB
                     SDPBackend.MATH]
 
 
+# What the decode step reads of transformers' Qwen3-VL modules (and the prefill of its outputs): a release
+# that renames one would break the loop, so HFBackend checks them at load and falls back to `generate`.
+TEXT_MODEL = ("embed_tokens", "rotary_emb", "layers", "norm", "config")
+DECODER_LAYER = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "head_dim", "scaling")
+
+
+def missing_internals(model) -> list[str]:
+    """The internals the decode loop needs that `model` lacks (empty: the loop can run over it)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    missing = [name for name in ("model.language_model", "lm_head") if _lookup(base, name) is None]
+    text = _lookup(base, "model.language_model")
+    if text is not None:
+        missing += [f"language_model.{a}" for a in TEXT_MODEL if not hasattr(text, a)]
+        layers = list(getattr(text, "layers", []))[:1]
+        for layer in layers:
+            missing += [f"layers[0].{a}" for a in DECODER_LAYER if not hasattr(layer, a)]
+            attn = getattr(layer, "self_attn", None)
+            missing += [f"layers[0].self_attn.{a}" for a in ATTENTION if attn is not None and not hasattr(attn, a)]
+            module = sys.modules.get(type(attn).__module__) if attn is not None else None
+            if module is not None and not hasattr(module, "apply_rotary_pos_emb"):
+                missing.append(f"{module.__name__}.apply_rotary_pos_emb")
+    if not hasattr(_lookup(base, "model"), "rope_deltas"):
+        missing.append("model.rope_deltas")
+    missing += [] if hasattr(DynamicCache(), "layers") else ["DynamicCache.layers"]
+    missing += [f"DynamicLayer.{a}" for a in ("keys", "values") if not hasattr(DynamicLayer(), a)]
+    return missing
+
+
+def _lookup(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 

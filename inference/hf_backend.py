@@ -8,12 +8,13 @@ distribution the tokens were sampled from, so the trainer can use them as the be
 from __future__ import annotations
 
 import json
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from inference.graph_decode import GraphDecoder
+from inference.graph_decode import GraphDecoder, missing_internals
 from inference.pictures import PicturePreprocessor
 from inference.requests import GenRequest, GenResult, Sampling, never_emit_ids
 
@@ -43,6 +44,11 @@ class HFBackend:
         if decode_loop not in ("graphs", "eager", "hf"):
             raise ValueError(f"decode_loop must be graphs, eager or hf, not {decode_loop!r}")
         self.decode_loop = "hf" if decode_loop == "graphs" and device == "cpu" else decode_loop
+        missing = missing_internals(model) if self.decode_loop != "hf" else []
+        if missing:  # a transformers release that renamed them: the model still runs, through `generate`
+            warnings.warn(f"the hf engine's own decode loop needs {', '.join(missing)}, which this model "
+                          f"({type(model).__name__}) lacks; decoding with transformers' generate instead", stacklevel=2)
+            self.decode_loop = "hf"
         self.decoder = None  # the GraphDecoder over the current model (built on first use)
         self.tok = processor.tokenizer
         self.pad_id = self.tok.pad_token_id

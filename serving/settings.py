@@ -30,6 +30,7 @@ class ServeSettings:
     cache_dir: str = ""                          # adapter download cache; default ~/.cache/visrl/adapters
     s3_endpoint_url: str = ""                    # S3-compatible store (MinIO, moto); AWS_ENDPOINT_URL works too
     num_cpus: float = 1.0
+    speedups: bool = True                        # visrl's speed-ups of transformers' model code (trainer.policy.model.speedups)
     num_gpus: float = 0.0                        # per hf replica; 0: one where it runs on a GPU (serve_app.replica_gpus)
 
     @classmethod

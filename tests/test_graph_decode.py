@@ -64,3 +64,22 @@ def test_batches_share_graphs_by_power_of_two():
 def test_an_unknown_decode_loop_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="decode_loop"):
         VLLMEngine(tiny_model_dir, backend="hf", device="cpu", decode_loop="cudagraph")
+
+
+def test_a_model_missing_what_the_loop_needs_falls_back_to_generate_with_one_warning(tiny_model_dir):
+    """A transformers release that renames an internal the decode step reads: the engine says which,
+    once, and decodes with `generate`. The stand-in: the tiny model without its text model's final norm."""
+    import warnings
+
+    from inference.graph_decode import missing_internals
+    from inference.hf_backend import HFBackend
+    from vlm.load import load_model
+    model, processor = load_model(tiny_model_dir)
+    assert missing_internals(model) == []
+    del model.model.language_model.norm
+    assert missing_internals(model) == ["language_model.norm"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        backend = HFBackend(model, processor, "cpu", decode_loop="eager")
+    said = [w for w in caught if "decode loop" in str(w.message)]
+    assert len(said) == 1 and "language_model.norm" in str(said[0].message) and backend.decode_loop == "hf"

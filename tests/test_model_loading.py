@@ -130,3 +130,27 @@ def test_every_speed_up_patch_applies_and_a_renamed_class_fails_loudly(tiny_mode
             load_model(tiny_model_dir)
     finally:
         attention.__name__ = name
+
+
+def test_one_switch_turns_every_speed_up_off(tiny_model_dir):
+    """trainer.policy.model.speedups=false: transformers' own code in every model load (no module
+    patched) and the hf engine decoding with `generate`, not its own loop; the answers are the same."""
+    from actors.vllm_engine import VLLMEngine, engine_settings
+    from inference.requests import Sampling
+    from settings import load_config
+    from tests.helpers import requests_for
+    from vlm.chat import ChatPrompter
+    from vlm.processor import load_processor
+    plain, _ = load_model(tiny_model_dir, speedups=False)
+    assert not any(name.startswith("_patched_") for m in plain.modules() for name in vars(m))
+    off = load_config(None, ["trainer.policy.model.speedups=false", f"trainer.policy.model.path={tiny_model_dir}"])
+    on = load_config(None, [f"trainer.policy.model.path={tiny_model_dir}"])
+    assert engine_settings(off)["decode_loop"] == "hf" and engine_settings(on)["decode_loop"] == "graphs"
+    engines = {name: VLLMEngine(tiny_model_dir, device="cpu", **engine_settings(cfg)) for name, cfg in (("off", off), ("on", on))}
+    patched = [any(n.startswith("_patched_") for m in e.backend.model.modules() for n in vars(m)) for e in engines.values()]
+    assert patched == [False, True]
+    prompter = ChatPrompter(load_processor(tiny_model_dir).tokenizer, 81, "")
+    reqs = requests_for(prompter, [1, 2], ["", "Moved up."])
+    greedy = Sampling(max_new_tokens=5, temperature=0.0)
+    assert [r.token_ids for r in engines["off"].generate(reqs, greedy)] == \
+        [r.token_ids for r in engines["on"].generate(reqs, greedy)]

@@ -77,10 +77,13 @@ def resolve_model_path(path: str, s3_cfg=None, cache_dir: Path | None = None, we
                              allow_patterns=None if weights else list(PROCESSOR_FILES))
 
 
-def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32, s3_cfg=None):
-    """(model in eval mode on `device`, processor) from any supported source; the vision tower
-    encodes each distinct picture of a batch once (vlm/unique_pictures.py) and attends over all
-    of them in one call (vlm/picture_attention.py); on the GPU, RMSNorms run fused (vlm/fused_norms.py)."""
+def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32, s3_cfg=None,
+               speedups: bool = True):
+    """(model in eval mode on `device`, processor) from any supported source. With `speedups` (the
+    config's trainer.policy.model.speedups) the vision tower encodes each distinct picture of a batch
+    once (vlm/unique_pictures.py) and attends over all of them in one call (vlm/picture_attention.py),
+    RMSNorms run fused on the GPU (vlm/fused_norms.py) and the rotary index is computed in numpy
+    (vlm/rope_index.py); without, transformers' code runs as it is."""
     from vlm.fused_norms import fuse_rms_norms
     from vlm.picture_attention import batch_picture_attention
     from vlm.rope_index import vectorize_rope_index
@@ -93,9 +96,10 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
         # fixed shapes keep cuDNN: inference/graph_decode.py.)
         torch.backends.cuda.enable_cudnn_sdp(False)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dtype).to(device).eval()
-    patched = {patch.__name__: patch(model) for patch in
-               (batch_picture_attention, encode_unique_pictures, fuse_rms_norms, vectorize_rope_index)}
-    check_patched(model, patched)
+    if speedups:
+        patched = {patch.__name__: patch(model) for patch in
+                   (batch_picture_attention, encode_unique_pictures, fuse_rms_norms, vectorize_rope_index)}
+        check_patched(model, patched)
     return model, load_processor(folder)
 
 
