@@ -12,7 +12,7 @@ AGENT_RGB = (0, 0, 255)
 TRAIL_RGB = (255, 215, 120)  # visrl's trail variant: a cell the agent has left
 BUMP_RGB = (90, 50, 20)  # visrl's trail variant: a wall the agent has run into
 MARK_RGB = (100, 190, 100)  # visrl's marks variant: a cell the agent has walked back out of (green: an orange
-# one was read as the red goal, bench/RECORD.md)
+# one was read as the red goal, bench/record/)
 
 
 def render_background(maze: np.ndarray, target, cell_px: int) -> np.ndarray:

@@ -1,8 +1,8 @@
 """A decode loop that owns its buffers, so a GPU can replay each decode step as one CUDA graph.
 
 transformers' `generate` launches every kernel of every decode step from Python: on a GPU an
-8B model's decode step spends several times more host time than GPU work (bench/RECORD.md, "Where a
-rollout's time goes"), and `generate` cannot run under CUDA graphs because it keeps no buffers of
+8B model's decode step spends several times more host time than GPU work (bench/record/ ("Where a
+rollout's time goes")), and `generate` cannot run under CUDA graphs because it keeps no buffers of
 its own. Here the prompt is prefilled by the model's own forward (pictures, deepstack, M-RoPE),
 its KV cache is copied into fixed buffers, and each new token runs one step of the text decoder
 written out over the model's own modules (norms, projections with their LoRA layers, MLP,
@@ -29,7 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # cuDNN first: a bucket's shapes never change, so it plans each once (vlm/load.py leaves cuDNN off for
 # the ever-new shapes of prefill and training), and without it attention over grouped KV heads with
-# a mask falls to the math kernel, half again slower at 8B (bench/RECORD.md)
+# a mask falls to the math kernel, half again slower at 8B (bench/record/)
 DECODE_ATTENTION = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                     SDPBackend.MATH]
 

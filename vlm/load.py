@@ -92,7 +92,7 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
     if torch.device(device).type == "cuda":
         # cuDNN's attention builds an execution plan for every new shape, and every turn and
         # micro-batch brings new lengths: on a GPU that planning was a third of a rollout of the CPU
-        # default's model (bench/RECORD.md). The flash and memory-efficient kernels plan nothing. (The graph decode's
+        # default's model (bench/record/). The flash and memory-efficient kernels plan nothing. (The graph decode's
         # fixed shapes keep cuDNN: inference/graph_decode.py.)
         torch.backends.cuda.enable_cudnn_sdp(False)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dtype).to(device).eval()

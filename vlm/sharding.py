@@ -4,7 +4,7 @@ gloo on CPU, nccl on GPU. Every decoder layer and vision block becomes its own F
 the root; frozen base weights and trainable LoRA weights shard alike (FSDP2 keeps per-parameter
 requires_grad, unlike FSDP1, which also segfaults on CPU when offloading state dicts). A single
 shard without offloading stays a plain module: FSDP would split nothing there, and its hooks cost
-a sizeable share of a small model's train pass on a GPU (bench/RECORD.md).
+a sizeable share of a small model's train pass on a GPU (bench/record/).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def shard_model(model, device: str, world_size: int, cpu_offload: bool = False, 
     trainable (fp32) parameters are cast to bf16 for compute, with gradients reduced in fp32
     (FSDP2's MixedPrecisionPolicy). One shard that offloads nothing stays a plain module, its
     forward under bf16 autocast for the same effect: fp32 LoRA weights computing in fp32 slow the
-    8B shape's train pass by a third (bench/RECORD.md)."""
+    8B shape's train pass by a third (bench/record/)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
