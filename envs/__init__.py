@@ -1,4 +1,5 @@
-"""The maze environment, its expert, its action parser and its datasets."""
+"""The tasks: the environment interface (base.py) and registry, VisGym's maze and sliding-block
+puzzle with their experts, action parser, pictures and datasets, and mixes of tasks."""
 import gymnasium as gym
 
 from envs.maze import MAZE_IDS, SIZES, MazeEnv
