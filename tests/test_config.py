@@ -201,3 +201,17 @@ def test_an_hf_replica_asks_for_a_gpu_where_it_must_run_on_one():
     assert options["cpu"]["num_gpus"] == 0 and options["cuda"]["num_gpus"] == 1
     assert options["auto"]["num_gpus"] == 0  # no Ray cluster with GPUs here
     assert app({"device": "cuda", "num_gpus": "0.5"})._bound_deployment.ray_actor_options["num_gpus"] == 0.5
+
+
+def test_every_key_the_configuration_page_names_exists():
+    """docs/configuration.md names only keys the schema has (or refuses, in its SkyRL table): a renamed
+    or removed key fails here instead of leaving the page wrong."""
+    from settings.load import VALID_KEYS
+    from settings.skyrl import UNSUPPORTED
+    docs = (ROOT / "docs" / "configuration.md").read_text()
+    named = set(re.findall(r"`((?:trainer|generator|environment|data|ray|s3)\.[A-Za-z0-9_.]+)", docs))
+    free_form = [k for k, t in VALID_KEYS.items() if str(t).startswith("Dict")]
+    sections = {v.rsplit(".", i)[0] for v in VALID_KEYS for i in range(1, v.count(".") + 1)}
+    unknown = sorted(k for k in named if k not in VALID_KEYS and k not in UNSUPPORTED and k not in sections
+                     and not any(k.startswith(f + ".") for f in free_form))
+    assert named and not unknown, unknown
