@@ -19,13 +19,17 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.visrl-installed
 
-.PHONY: run test test-vllm setup vllm-setup prometheus lock clean
+.PHONY: run test test-fast test-vllm setup vllm-setup prometheus lock clean
 run: $(STAMP)
 	$(PY) driver.py $(ARGS)
 
 test: $(STAMP) $(VLLM_STAMP) prometheus
 	$(PY) -m pytest -q $(ARGS)
 	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q tests/on_vllm $(ARGS)
+
+# the edit loop: everything but the system tests (marked slow: clusters, whole training runs), on .venv alone
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 test-vllm: $(VLLM_STAMP)
 	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q tests/on_vllm $(ARGS)
