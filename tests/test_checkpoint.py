@@ -81,16 +81,17 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_killing_the_saver_at_random_moments_always_leaves_a_loadable_latest(tmp_path):
     path = str(tmp_path / "ckpts")
     rng = np.random.default_rng(0)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 45
     kills = 0
-    while time.monotonic() < deadline and kills < 25:
+    while time.monotonic() < deadline and kills < 20:
         proc = subprocess.Popen([sys.executable, "-c", SAVER.format(root=str(ROOT), path=path, tmp=str(tmp_path))],
                                 stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready"  # imports done: from here on it only saves
-        time.sleep(float(rng.uniform(0.2, 3.0)))
+        time.sleep(float(rng.uniform(0.1, 1.5)))  # a save takes milliseconds: any moment is mid-save or between
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kills += 1

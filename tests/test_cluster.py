@@ -17,6 +17,8 @@ import pytest
 from controller.runtime_env import FORWARDED_ENV, SHIP_EXCLUDES, runtime_env
 from deploy.local_cluster import LocalCluster
 
+pytestmark = pytest.mark.slow  # a system test: see setup.cfg's markers
+
 ROOT = Path(__file__).resolve().parent.parent
 RAY = str(Path(sys.executable).parent / "ray")
 # a few small steps: 4 mazes of 4 samples a step, no eval between the first and the last

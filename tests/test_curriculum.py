@@ -9,6 +9,8 @@ from safetensors.torch import load_file
 
 from tests.helpers import make_adapter, run_driver, tiny_run_args
 
+pytestmark = pytest.mark.slow  # a system test: see setup.cfg's markers
+
 
 def answers(path):
     return [json.loads(line)["answers"] for line in path.read_text().splitlines()]

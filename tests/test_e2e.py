@@ -1,7 +1,11 @@
 """Two GRPO steps of the real pipeline, through real Ray actors, on a tiny model."""
 import json
 
+import pytest
+
 from tests.helpers import run_driver, tiny_run_args
+
+pytestmark = pytest.mark.slow  # a system test: see setup.cfg's markers
 
 
 def test_two_grpo_steps_through_ray_actors(tiny_model_dir, tiny_run):

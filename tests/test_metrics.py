@@ -25,8 +25,9 @@ from tests.helpers import signal_at_steps
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 RUN_NAME = "metrics-test"
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
-                                reason="Prometheus is not installed (make test installs Debian's package)")
+pytestmark = [pytest.mark.slow,  # a system test: see setup.cfg's markers
+              pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
+                                 reason="Prometheus is not installed (make test installs Debian's package)")]
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:

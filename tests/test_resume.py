@@ -2,9 +2,12 @@
 one; killed actors (SIGKILL and ray.kill) are rebuilt and the run finishes."""
 import json
 
+import pytest
 from safetensors.torch import load_file
 
 from tests.helpers import logged_steps, run_driver, signal_at_steps, tiny_run_args
+
+pytestmark = pytest.mark.slow  # a system test: see setup.cfg's markers
 
 VOLATILE = ("timing/", "time", "ckpt/", "sync/adapter_load_s", "generate/tokens_per_s", "generate/total_tokens_per_s",
             "generate/episodes_per_min", "recovery/", "memory/")

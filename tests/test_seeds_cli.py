@@ -1,5 +1,7 @@
 """tools/seeds.py's command line: overrides may follow the seed list directly, and name the seed; several
 held-out sets are each evaluated."""
+import pytest
+
 from tools.seeds import parse_args
 
 
@@ -21,6 +23,7 @@ def test_seed_in_an_override_stands_for_each_seed():
     assert "trainer.epochs=1" in args and "trainer.seed=3" in args and not any("{seed}" in a for a in args)
 
 
+@pytest.mark.slow
 def test_each_heldout_set_is_evaluated_into_its_own_folder(tiny_model_dir, tmp_path):
     import json
 

@@ -281,6 +281,7 @@ def test_adapters_from_a_local_s3_server(server, tiny_model_dir, adapters, s3_se
     serve.delete("s3app")
 
 
+@pytest.mark.slow
 def test_a_published_adapter_plays_the_mazes_as_eval_only_does(server, s3_server, tmp_path):
     """From training to serving: a short CPU run, `tools/publish.py` to the S3 server, the serve app
     serving it as <base>:<name>; a client's greedy moves on trail mazes equal `driver.py --eval-only` of

@@ -7,6 +7,8 @@ import pytest
 
 from tests.helpers import ROOT, run_driver
 
+pytestmark = pytest.mark.slow  # a system test: see setup.cfg's markers
+
 BASE = ROOT / "assets" / "maze-vl-base"
 
 

@@ -107,8 +107,10 @@ def test_each_episode_is_prompted_as_its_task_and_the_eval_reports_each_task():
 
 
 def test_a_mix_of_one_task_twice_or_of_an_unknown_task_is_a_config_error():
-    from settings.load import ConfigError
+    """Checked where every entry point checks the task, before anything starts (rl.inputs.check_environment)."""
+    from rl.inputs import check_environment
+    from settings import ConfigError
     with pytest.raises(ConfigError, match="environment.env_class.*two or more different environments"):
-        load_config(None, [f"environment.env_class={MAZE}+{MAZE}"])
+        check_environment(load_config(None, [f"environment.env_class={MAZE}+{MAZE}"]))
     with pytest.raises(ConfigError, match="environment.env_class.*unknown environment 'maze_9d'"):
-        load_config(None, [f"environment.env_class={MAZE}+maze_9d"])
+        check_environment(load_config(None, [f"environment.env_class={MAZE}+maze_9d"]))
