@@ -18,9 +18,9 @@ openai client, base and adapter; the table says how many move sequences every ap
 answers are noise, the time and memory are what count). --cold-ranks measures, for the vllm and hf
 apps, an adapter's first request by LoRA rank: its size, the download from S3 (client side, the same
 bytes a replica fetches), the cold first token, a warm one and the first token of an adapter named in
-the app's pre-warm list; each app is deployed again for it with max_loras = 2 x ranks and
-max_lora_rank = the largest rank, and vLLM's own log lines about memory (model + LoRA slots, KV cache)
-are collected from the replica's log.
+the app's pre-warm list (measured first, with nothing else resident). Every app runs with max_loras
+= --adapters + 2 x ranks and max_lora_rank = the largest rank, and vLLM's own log lines about memory
+(the model with its LoRA slots, the KV cache) are collected from its log.
 """
 import argparse
 import json
@@ -281,31 +281,32 @@ def main():
                 "num_cpus": "2", "cache_dir": str(tmp / "cache")}
     names = [f"a{i}" for i in range(args.adapters)]
     rows, episodes, cold, memory = {}, {}, {}, {}
+    # one deployment an app, sized for every adapter it is asked for: the load test's, and with
+    # --cold-ranks the cold and the pre-warmed ones (the same rank limit for all three apps)
+    warm = ",".join(f"warm-r{r}" for r in args.cold_ranks)
+    sized = {"max_loras": str(args.adapters + 2 * len(args.cold_ranks)),
+             "max_lora_rank": str(max([args.rank, *args.cold_ranks]))}
     for backend in args.backends:  # one app at a time, the others gone: they share the device
-        sized = {"max_loras": str(args.adapters), "max_lora_rank": str(args.rank)}
-        root, stop = deploy(backend, settings | sized, folders, base, base_id, args, tmp, out, on_gpu, app, serve)
-        rows[backend] = measure(Client(root, base_id, picture), names, args.requests, args.clients)
+        prewarm = {"prewarm": warm} if warm and backend != "vllm-server" else {}
+        root, stop = deploy(backend, settings | sized | prewarm, folders, base, base_id, args, tmp, out, on_gpu, app, serve)
+        client = Client(root, base_id, picture)
+        if args.cold_ranks and backend != "vllm-server":  # first, while nothing but the pre-warmed is resident
+            client.call(client.model(None), max_tokens=1)  # the base warm
+            cold[backend] = cold_start(client, s3, args.cold_ranks, sizes, tmp)
+            print(f"{backend} cold start: {json.dumps(cold[backend])}", flush=True)
+        rows[backend] = measure(client, names, args.requests, args.clients)
         if args.trained:
             episodes[backend] = play_mazes(f"{root}/v1", base_id, tmp, args.mazes)
             rows[backend] |= {f"{who}: eval mazes solved (of {args.mazes}, openai client, greedy)":
                               str(sum(e["solved"] for e in eps)) for who, eps in episodes[backend].items()}
         print(f"{backend}: {rows[backend]}", flush=True)  # each app's figures as soon as it is measured
         memory[backend] = stop()
-        if args.cold_ranks and backend in ("hf", "vllm"):
-            warm = ",".join(f"warm-r{r}" for r in args.cold_ranks)
-            sized = {"max_loras": str(2 * len(args.cold_ranks)), "max_lora_rank": str(max(args.cold_ranks)), "prewarm": warm}
-            root, stop = deploy(backend, settings | sized, folders, base, base_id, args, tmp, out, on_gpu, app, serve)
-            client = Client(root, base_id, picture)
-            client.call(client.model(None), max_tokens=1)  # the base warm
-            cold[backend] = cold_start(client, s3, args.cold_ranks, sizes, tmp)
-            print(f"{backend} cold start: {json.dumps(cold[backend])}", flush=True)
-            memory[f"{backend} (cold-start deployment)"] = stop()
     for who in next(iter(episodes.values()), {}):
         answers = [[e["answers"] for e in eps[who]] for eps in episodes.values()]
         same = sum(all(a[i] == answers[0][i] for a in answers) for i in range(len(answers[0])))
         for backend in episodes:
             rows[backend][f"{who}: move sequences identical across all apps"] = f"{same}/{len(answers[0])}"
-    print(f"\n{versions()}; {'GPU' if on_gpu else 'CPU'}; base {base_id}; adapters rank {args.rank}\n")
+    print(f"\n{versions()}; {'GPU' if on_gpu else 'CPU'}; base {base_id}; adapters rank {args.rank}; {sized}\n")
     print_table(rows)
     for backend, table in cold.items():
         print(f"\ncold start, {backend}:\n")
