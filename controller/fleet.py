@@ -162,10 +162,10 @@ class Fleet:
             return None
         started = time.perf_counter()
         trainer_state = source.load_trainer_state(step)
-        version = int(trainer_state["adapter_version"])
-        folder = self.run_dir / "adapters" / f"v{version}"
-        self.trainer.load_state_dict(source.load_policy_state(step, str(folder)))
-        adapter = AdapterRef(str(folder), version) if version else None
+        adapter = RunState.adapter_of(trainer_state, self.run_dir / "adapters")
+        # the checkpoint's adapter files land in its version's folder as the policy state is loaded
+        self.trainer.load_state_dict(source.load_policy_state(step, adapter.path if adapter else
+                                                              str(self.run_dir / "adapters" / "v0")))
         if adapter:
             self.engines.load_adapter(adapter)
         state.restore(trainer_state, adapter, adapters.exported_best(t.export_path, self.cfg.s3))

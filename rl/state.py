@@ -6,6 +6,7 @@ whose snapshot it is (the best adapter's record is its export's selection.json).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from rl.sampler import PromptSampler
 from storage.adapters import AdapterRef
@@ -23,9 +24,15 @@ class RunState:
         return self.adapter.version if self.adapter else 0
 
     def snapshot(self, total_steps: int, config_yaml: str) -> dict:
-        """The trainer_state.json of a checkpoint."""
+        """The trainer_state.json of a checkpoint (this class is the one reader and writer of its fields)."""
         return {"global_step": self.step, "adapter_version": self.version, "total_steps": total_steps,
                 "sampler": self.sampler.state_dict(), "config": config_yaml}
+
+    @staticmethod
+    def adapter_of(trainer_state: dict, adapters_dir: Path) -> AdapterRef | None:
+        """The adapter version a checkpoint's engines held, in the run's adapters folder (None: the base)."""
+        version = int(trainer_state["adapter_version"])
+        return AdapterRef(str(adapters_dir / f"v{version}"), version) if version else None
 
     def restore(self, trainer_state: dict, adapter: AdapterRef | None, best: dict | None = None) -> None:
         """`best`: the selection.json of the adapter exported as <export_path>/best, if any. The export,
