@@ -95,7 +95,9 @@ class Client:
 
 def measure(client: Client, names: list[str], requests: int, clients: int) -> dict:
     import requests as http
-    client.call(client.model(None))  # warm-up
+    first, code = client.call(client.model(None))  # warm-up
+    if code != 200:  # an app that answers nothing has no latency to report
+        raise RuntimeError(f"the app answered {code} to a plain request")
     base_lat = [client.call(client.model(None))[0] for _ in range(requests)]
     cold_s, _ = client.call(client.model(names[0]))
     warm_lat = [client.call(client.model(names[0]))[0] for _ in range(requests)]
@@ -290,15 +292,18 @@ def main():
         prewarm = {"prewarm": warm} if warm and backend != "vllm-server" else {}
         root, stop = deploy(backend, settings | sized | prewarm, folders, base, base_id, args, tmp, out, on_gpu, app, serve)
         client = Client(root, base_id, picture)
-        if args.cold_ranks and backend != "vllm-server":  # first, while nothing but the pre-warmed is resident
-            client.call(client.model(None), max_tokens=1)  # the base warm
-            cold[backend] = cold_start(client, s3, args.cold_ranks, sizes, tmp)
-            print(f"{backend} cold start: {json.dumps(cold[backend])}", flush=True)
-        rows[backend] = measure(client, names, args.requests, args.clients)
-        if args.trained:
-            episodes[backend] = play_mazes(f"{root}/v1", base_id, tmp, args.mazes)
-            rows[backend] |= {f"{who}: eval mazes solved (of {args.mazes}, openai client, greedy)":
-                              str(sum(e["solved"] for e in eps)) for who, eps in episodes[backend].items()}
+        try:  # an app that fails is reported as such, and the others are still measured
+            if args.cold_ranks and backend != "vllm-server":  # first, while nothing but the pre-warmed is resident
+                client.call(client.model(None), max_tokens=1)  # the base warm
+                cold[backend] = cold_start(client, s3, args.cold_ranks, sizes, tmp)
+                print(f"{backend} cold start: {json.dumps(cold[backend])}", flush=True)
+            rows[backend] = measure(client, names, args.requests, args.clients)
+            if args.trained:
+                episodes[backend] = play_mazes(f"{root}/v1", base_id, tmp, args.mazes)
+                rows[backend] |= {f"{who}: eval mazes solved (of {args.mazes}, openai client, greedy)":
+                                  str(sum(e["solved"] for e in eps)) for who, eps in episodes[backend].items()}
+        except Exception as e:
+            rows[backend] = {"failed": f"{type(e).__name__}: {str(e)[:200]}"}
         print(f"{backend}: {rows[backend]}", flush=True)  # each app's figures as soon as it is measured
         memory[backend] = stop()
     for who in next(iter(episodes.values()), {}):
