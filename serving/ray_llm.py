@@ -26,8 +26,25 @@ def ray_llm_vllm_pin() -> str:
     return pins[0] if pins else "the vLLM of ray[llm]"
 
 
+# ray.serve.llm's OpenAI ingress (Ray 2.58 and 2.60) builds its routes on a subclass; from FastAPI 0.137
+# the route handlers keep `self` as a required query parameter, so every request is answered 400
+# "Field required at ('query', 'self')" (seen on an H200 with 0.165.0, reproduced on the CPU: 0.137.0
+# fails, 0.136.3 serves). An app that can only fail every request is refused at start instead.
+FASTAPI_BELOW = (0, 137)
+
+
+def check_fastapi() -> None:
+    version = metadata.version("fastapi")
+    if tuple(int(p) for p in version.split(".")[:2]) >= FASTAPI_BELOW:
+        raise ImportError(f"backend=vllm: ray.serve.llm's OpenAI ingress answers every request 400 (\"Field required "
+                          f"at ('query', 'self')\") under FastAPI {version}; it serves under FastAPI < "
+                          f"{'.'.join(map(str, FASTAPI_BELOW))}: pip install 'fastapi<0.137' (requirements/serve-llm.txt "
+                          "pins it), or serve with backend=hf")
+
+
 def import_serve_llm():
-    """(LLMConfig, build_openai_app) from ray.serve.llm."""
+    """(LLMConfig, build_openai_app) from ray.serve.llm, once the FastAPI under it is one it works with."""
+    check_fastapi()
     try:
         from ray.serve.llm import LLMConfig, build_openai_app
     except ImportError as e:

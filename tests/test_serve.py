@@ -336,8 +336,27 @@ def test_a_vllm_too_old_for_ray_serve_llm_gets_a_message_naming_both_versions(mo
     from serving import ray_llm
     monkeypatch.setitem(sys.modules, "ray.serve.llm", None)  # the import fails, as Ray's serve code does there
     monkeypatch.setattr(ray_llm, "installed_vllm", lambda: "vllm 0.26.0")
+    monkeypatch.setattr(ray_llm, "check_fastapi", lambda: None)
     with pytest.raises(ImportError) as e:
         serve_app.app({"backend": "vllm", "dynamic_lora_loading_path": "s3://adapters/"})
     message = str(e.value)
     assert "vllm 0.26.0" in message and ray_llm.ray_llm_vllm_pin() in message and "backend=hf" in message
     assert ray_llm.ray_llm_vllm_pin().startswith("vllm") and "==" in ray_llm.ray_llm_vllm_pin()
+
+
+def test_ray_serve_llm_is_refused_under_a_fastapi_it_answers_400_with(monkeypatch):
+    """From FastAPI 0.137 ray.serve.llm's ingress answers every request 400 (Ray 2.58 on an H200, Ray 2.60
+    here): an app that could only fail is refused at start, naming the FastAPI and the fix."""
+    from importlib import metadata
+
+    import serve_app
+    from serving import ray_llm
+    real = metadata.version
+    for version, refused in (("0.165.0", True), ("0.137.0", True), ("0.136.3", False)):
+        monkeypatch.setattr(ray_llm.metadata, "version", lambda name, v=version: v if name == "fastapi" else real(name))
+        if refused:
+            with pytest.raises(ImportError, match=f"FastAPI {version}.*fastapi<0.137"):
+                serve_app.app({"backend": "vllm", "dynamic_lora_loading_path": "s3://adapters/"})
+        else:
+            ray_llm.check_fastapi()  # passes: what comes next is ray.serve.llm's own import
+
