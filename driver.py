@@ -63,9 +63,10 @@ class Run:
     config_yaml: str
 
 
-def grpo_step(step: int, state, fleet, run: Run) -> dict:
-    """One GRPO step, top to bottom (state: rl.state.RunState, fleet: controller.fleet.Fleet).
-    Each phase is timed into timing/<phase>; the metrics of the step come back."""
+def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
+    """One GRPO step, top to bottom (state: rl.state.RunState, fleet: controller.fleet.Fleet,
+    preemption: controller.preemption.Preemption). Each phase is timed into timing/<phase>; the
+    metrics of the step come back."""
     from rl.algorithm import compute_advantages
     from rl.batch import build_items
     from rl.metrics import rollout_metrics
@@ -76,7 +77,10 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
     cfg = run.cfg
     t, a, g = cfg.trainer, cfg.trainer.algorithm, cfg.generator
     temperature = g.sampling_params.temperature
-    phases = Phases(on_enter=lambda phase: fleet.chaos_at_phase(step, phase))
+    def on_phase(phase: str) -> None:
+        fleet.chaos_at_phase(step, phase)
+        preemption.at_phase(phase)  # SIGTERM before the update: the step is abandoned here
+    phases = Phases(on_enter=on_phase)
 
     # 1. sample: the next batch of prompts (one maze each), in the dataloader's seeded order
     with phases("sample"):
@@ -87,7 +91,7 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
     with phases("wake"):
         fleet.engines.wake_up()
     with phases("generate"):
-        episodes = fleet.runner.run(tasks, training_sampling(cfg, step), state.version)
+        episodes = fleet.runner.run(tasks, training_sampling(cfg, step), state.version, between_turns=preemption.check)
     state.sampler.record_outcomes(episodes)  # mixed groups queue their maze for replay (data.replay_share)
 
     # 3. advantages: each episode's score against its group's (the samples of the same maze); one
@@ -140,18 +144,19 @@ def grpo_step(step: int, state, fleet, run: Run) -> dict:
             metrics[f"memory/engine_{when}_gib"] = max(held)
     state.step, state.adapter = step, adapter  # the one place a step is marked done
 
-    # 8. eval, export, checkpoint
+    # 8. eval, export, checkpoint (preempted: the checkpoint only, unless it is the last step)
     last = step == run.total_steps or step == t.stop_after_step
-    if step % t.eval_interval == 0 or last:
+    preempted = preemption.requested is not None
+    if (step % t.eval_interval == 0 and not preempted) or last:
         with phases("eval"):
             metrics |= evaluate_policy(run, fleet, state)
         if run.validation_rows:
             with phases("validation"):
                 metrics |= choose_adapter(run, fleet, state, metrics["eval/all/avg_score"])
-    if step % t.hf_save_interval == 0 or last:
+    if (step % t.hf_save_interval == 0 and not preempted) or last:
         with phases("export"):
             adapters.export(state.adapter, t.export_path, step, cfg.s3)
-    if step % t.ckpt_interval == 0 or last or fleet.save_failed:
+    if step % t.ckpt_interval == 0 or last or fleet.save_failed or preempted:
         with phases("ckpt"):
             metrics |= fleet.checkpoint(state, run.config_yaml)
     return metrics | phases.metrics() | fleet.peak_memory() | {"epoch": epoch}
@@ -193,10 +198,13 @@ def step_line(step: int, total: int, m: dict) -> str:
 def train(cfg: Config, chaos=None) -> int:
     """Set up, resume, fit, finish (`chaos`: controller.chaos.Chaos, the faults asked for on the
     command line)."""
+    from controller.preemption import Preemption
     run, fleet, state, resume_at = set_up(cfg, chaos)
+    preemption = Preemption(cfg.trainer.preemption_timeout_s, lambda: fleet.durable_step)
+    preemption.install()
     log, pending = resume(run, fleet, state, resume_at)
-    fit(run, fleet, state, log, pending)
-    return finish(run, fleet, state, log)
+    fit(run, fleet, state, log, pending, preemption)
+    return finish(run, fleet, state, log, preemption)
 
 
 def set_up(cfg: Config, chaos):
@@ -253,18 +261,26 @@ def resume(run: Run, fleet, state, resume_at: int | None):
     return log, ({"ckpt/restore_s": restore_s} if restore_s is not None else {})
 
 
-def fit(run: Run, fleet, state, log, pending: dict) -> None:
-    """grpo_step until the last step (or trainer.stop_after_step); a lost actor or node is rebuilt and
-    the run goes on from the newest checkpoint, its redone steps logged once."""
+def fit(run: Run, fleet, state, log, pending: dict, preemption) -> None:
+    """grpo_step until the last step (or trainer.stop_after_step, or SIGTERM); a lost actor or node is
+    rebuilt and the run goes on from the newest checkpoint, its redone steps logged once."""
     from tqdm import tqdm
+
+    from controller.preemption import Preempted
     t = run.cfg.trainer
     bar = tqdm(total=run.total_steps, initial=state.step, unit="step",
                desc=f"{t.algorithm.advantage_estimator} {t.project_name}/{t.run_name}")
     recovered = None  # the record of a recovery whose next step has not finished yet
-    while state.step < run.total_steps:
+    while state.step < run.total_steps and preemption.requested is None:
         step, started = state.step + 1, time.perf_counter()
+        drawn_from = state.sampler.state_dict()
+        preemption.step_started()
         try:
-            metrics = grpo_step(step, state, fleet, run)
+            metrics = grpo_step(step, state, fleet, run, preemption)
+        except Preempted:
+            state.sampler.load_state_dict(drawn_from)  # the batch goes back: the rerun draws it again
+            bar.write(f"SIGTERM during step {step}, before its update: the step is abandoned")
+            break
         except Exception as failure:
             if not fleet.is_actor_failure(failure):
                 raise
@@ -290,15 +306,24 @@ def fit(run: Run, fleet, state, log, pending: dict) -> None:
     bar.close()
 
 
-def finish(run: Run, fleet, state, log) -> int:
-    """The last save made durable, the learning curve drawn, the summary printed; the exit status."""
+def finish(run: Run, fleet, state, log, preemption) -> int:
+    """The last save made durable, the learning curve drawn, the summary printed; the exit status
+    (controller.preemption.PREEMPTED after SIGTERM, with the state saved)."""
+    from controller.preemption import PREEMPTED
     from telemetry.curve import plot_learning_curve, summary_line
+    if preemption.requested is not None and fleet.durable_step != state.step:
+        fleet.checkpoint(state, run.config_yaml)  # an abandoned step: the state of the step before it
     code = fleet.make_last_save_durable(state, run.config_yaml)
     history = log.history()
     last_eval = next((h for h in reversed(history) if "eval/all/oracle_ceiling" in h), {})
     plot_learning_curve(history, str(run.dir / "learning_curve.png"), last_eval.get("eval/all/oracle_ceiling"),
                         last_eval.get("eval/all/env_ceiling"))
     log.close(run.dir / "learning_curve.png")
+    if code == 0 and preemption.requested is not None:
+        print(f"preempted: the state of step {state.step} is saved in {run.cfg.trainer.ckpt_path} "
+              f"({time.monotonic() - preemption.requested:.1f}s after SIGTERM); run the same command to resume",
+              flush=True)
+        return PREEMPTED
     if code == 0:
         print(summary_line(history))
         print(f"run folder: {run.dir} (metrics.jsonl, tensorboard/, learning_curve.png, eval/)")

@@ -103,7 +103,9 @@ class RolloutRunner:
         return cls(generate, env, prompters, g.max_turns, g.max_input_length, g.context_window_turns,
                    g.context_pictures)
 
-    def run(self, tasks: list[Task], sampling: Sampling, expect_version: int) -> list[Episode]:
+    def run(self, tasks: list[Task], sampling: Sampling, expect_version: int, between_turns=None) -> list[Episode]:
+        """Every task's episode, turn by turn (`between_turns()`, when given, is called before each turn:
+        it may raise to stop the rollout, as a preemption does)."""
         unknown = sorted({t.env_id for t in tasks} - set(self.prompters))
         if unknown:
             raise ValueError(f"tasks of {', '.join(unknown)}, but this runner prompts for {', '.join(self.prompters)}")
@@ -120,6 +122,8 @@ class RolloutRunner:
             state[ep.episode_id] = s["state_key"]
         live = [t.episode_id for t in tasks]
         for turn in range(self.max_turns):
+            if between_turns is not None:
+                between_turns()
             requests, asking = [], []
             for eid in live:
                 users, answers = pieces[eid]

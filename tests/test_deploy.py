@@ -169,3 +169,12 @@ def test_manifests_validate_against_kuberays_own_crds(name, crd):
         {**doc, "spec": {**doc["spec"], "rayClusterConfig": {**doc["spec"]["rayClusterConfig"], "rayVersion": 2}}}
     with pytest.raises(jsonschema.ValidationError):  # the schema does check what it is given
         jsonschema.validate({k: v for k, v in broken.items() if k != "metadata"}, schema)
+
+
+def test_the_head_pod_gives_the_driver_time_to_save_on_sigterm():
+    """A pod deletion sends SIGTERM, then SIGKILL after the grace period: the driver's bound on saving
+    and exiting (trainer.preemption_timeout_s) must fit inside it."""
+    from settings import load_config
+    head = manifest("rayjob-train.yaml")["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    cfg = load_config(ROOT / "configs" / "hyperpod_qwen3vl_8b.yaml", ["trainer.ckpt_path=s3://b/c"])
+    assert head["terminationGracePeriodSeconds"] > cfg.trainer.preemption_timeout_s

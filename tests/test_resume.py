@@ -151,3 +151,39 @@ def test_checkpoint_store_faults_are_bounded_retried_and_reported(tiny_model_dir
     assert history[3]["ckpt/failed"] == 0 and history[4]["ckpt/failed"] == 0, err[-3000:]  # retried at the next step
     assert history[6]["ckpt/failed"] == 1
     assert "last durable checkpoint is step 4" in err and "solve rate: baseline" not in out
+
+
+def test_sigterm_saves_the_state_exits_75_and_the_rerun_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    """A spot reclaim or a pod deletion: SIGTERM to the driver mid-run. The step in flight is abandoned
+    (before its update) or finished, the state is saved within trainer.preemption_timeout_s, the driver
+    exits 75; the same command resumes, and the run is the uninterrupted one, each step logged once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from actors.checkpointer import Checkpointer
+    from tests.helpers import ROOT
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    rare = ["trainer.ckpt_interval=100", "trainer.preemption_timeout_s=60"]  # no checkpoint but the last's
+    assert run_driver(tiny(tiny_model_dir, whole) + rare).returncode == 0
+    args = tiny(tiny_model_dir, parts) + rare
+    proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    signal_at_steps(proc, parts, proc.pid, [(2, signal.SIGTERM)], timeout_s=600)
+    sent = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-3000:]
+    assert time.monotonic() - sent < 60 and "preempted: the state of step" in out
+    saved = Checkpointer(str(parts / "ckpts")).find_latest()[0]
+    assert saved in (2, 3) and max(logged_steps(parts)) == saved  # the last finished step, nothing after it
+    second = run_driver(args)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"at step {saved}" in second.stdout
+    a, b = stable(read(whole)), stable(read(parts))
+    assert [h["step"] for h in a] == [h["step"] for h in b] == [0, 1, 2, 3, 4]
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert abs(x[k] - y[k]) <= 1e-4 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
