@@ -252,7 +252,8 @@ def resume(run: Run, fleet, state, resume_at: int | None):
         print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {state.step} "
               f"(adapter v{state.version}) in {restore_s:.1f}s", flush=True)
     log = RunLog(str(run.dir), keep_through_step=state.step if restore_s is not None else -1, logger=t.logger,
-                 project=t.project_name, run_name=t.run_name, config=asdict(run.cfg))
+                 project=t.project_name, run_name=t.run_name, config=asdict(run.cfg), tracker_ids=state.trackers)
+    state.trackers = log.tracker_ids()  # kept with every checkpoint from here on
     if state.step >= run.total_steps:
         print(f"the run in {run.dir} is complete ({state.step}/{run.total_steps} steps); start another with "
               f"trainer.resume_mode=none or a new trainer.run_dir")

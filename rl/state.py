@@ -18,6 +18,7 @@ class RunState:
     adapter: AdapterRef | None   # None: the engines serve the base model (version 0)
     sampler: PromptSampler
     best: dict | None = None     # {"step", "validation", "eval"} of the adapter exported as <export_path>/best
+    trackers: dict | None = None  # {tracker: run id} (MLflow, W&B): a resumed run continues the same runs
 
     @property
     def version(self) -> int:
@@ -26,7 +27,7 @@ class RunState:
     def snapshot(self, total_steps: int, config_yaml: str) -> dict:
         """The trainer_state.json of a checkpoint (this class is the one reader and writer of its fields)."""
         return {"global_step": self.step, "adapter_version": self.version, "total_steps": total_steps,
-                "sampler": self.sampler.state_dict(), "config": config_yaml}
+                "sampler": self.sampler.state_dict(), "config": config_yaml, "trackers": self.trackers or {}}
 
     @staticmethod
     def adapter_of(trainer_state: dict, adapters_dir: Path) -> AdapterRef | None:
@@ -41,6 +42,7 @@ class RunState:
         compared with the one actually exported."""
         self.sampler.load_state_dict(trainer_state["sampler"])
         self.step, self.adapter, self.best = int(trainer_state["global_step"]), adapter, best
+        self.trackers = trainer_state.get("trackers") or self.trackers  # none in checkpoints from before they were kept
 
     def reset(self) -> None:
         """Back to the start: step 0, the base model, the first batch of epoch 0, nothing queued for replay."""

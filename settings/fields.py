@@ -37,8 +37,9 @@ def section(cls, help: str):
 def check_value(key: str, value, meta: dict) -> None:
     note = f" ({meta['note']})" if meta.get("note") else ""
     choices = meta.get("choices")
-    if choices is not None and value not in choices:
-        raise ConfigError(f"config key '{key}' must be one of {', '.join(map(str, choices))}; got '{value}'")
+    for item in (value if isinstance(value, list) else [value]) if choices is not None else []:
+        if item not in choices:
+            raise ConfigError(f"config key '{key}' must be one of {', '.join(map(str, choices))}; got '{item}'")
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     low, above, high = meta.get("at_least"), meta.get("above"), meta.get("at_most")

@@ -93,12 +93,24 @@ def _file_layers(path: Path, chain: tuple[Path, ...] = ()) -> list[DictConfig]:
     return _file_layers(path.parent / parent, chain + (path,)) + [user]
 
 
+_NAME_LISTS = [k for k, t in VALID_KEYS.items() if str(t) in ("List[str]", "typing.List[str]")]
+
+
+def _names_as_lists(layer: DictConfig) -> DictConfig:
+    """A list-of-names key given one name (`trainer.logger=wandb`, as SkyRL's older form) is a list of one."""
+    for key in _NAME_LISTS:
+        value = OmegaConf.select(layer, key, default=None)
+        if isinstance(value, str):
+            OmegaConf.update(layer, key, [value], merge=False)
+    return layer
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    layers = _file_layers(Path(path) if path else DEFAULT_CONFIG)
+    layers = [_names_as_lists(layer) for layer in _file_layers(Path(path) if path else DEFAULT_CONFIG)]
     for item in overrides:
         layer = _parse_override(item)
         _check_keys(layer, f"override '{item}'")
-        layers.append(layer)
+        layers.append(_names_as_lists(layer))
     merged = OmegaConf.structured(Config)
     for layer in layers:
         try:

@@ -180,8 +180,10 @@ class TrainerConfig:
     run_dir: str = setting("runs/default", "metrics.jsonl, TensorBoard events, curve, config", visrl=True)
     project_name: str = setting("visrl", "labels the progress bar and the tracker's project")
     run_name: str = setting("default", "labels the progress bar, the tracker's run and the metrics")
-    logger: str = setting("tensorboard", "metrics.jsonl and the console always; and one of these",
-                          choices=("tensorboard", "console", "mlflow", "wandb"))
+    logger: List[str] = setting(
+        ["tensorboard"], "where a step's numbers go beside metrics.jsonl and the console (which always get "
+                         "them): any of these, as a list (trainer.logger=[tensorboard,wandb]) or one name; a resumed "
+                         "run continues the same MLflow and W&B runs", choices=("tensorboard", "console", "mlflow", "wandb"))
     placement: PlacementConfig = section(PlacementConfig, "devices, nodes and colocation")
     policy: PolicyConfig = section(PolicyConfig, "the trained policy")
     ref: RefConfig = section(RefConfig, "the KL term's reference")

@@ -26,17 +26,25 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 class RunLog:
-    def __init__(self, run_dir: str, keep_through_step: int = -1, logger: str = "tensorboard", prometheus: bool = True,
-                 project: str = "visrl", run_name: str = "default", config: dict | None = None):
+    def __init__(self, run_dir: str, keep_through_step: int = -1, logger: str | list[str] = "tensorboard",
+                 prometheus: bool = True, project: str = "visrl", run_name: str = "default", config: dict | None = None,
+                 tracker_ids: dict | None = None):
         """keep_through_step: the step a resumed run restarts after (-1: a fresh run, keep nothing);
-        logger: tensorboard | console | mlflow | wandb (trainer.logger; telemetry/trackers.py)."""
+        logger: trainer.logger, names of tensorboard, console, mlflow, wandb (telemetry/trackers.py);
+        tracker_ids: {tracker: run id} of the run being resumed (from its checkpoint), continued."""
+        loggers = [logger] if isinstance(logger, str) else list(logger)
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        self.tensorboard, self.tb = logger == "tensorboard", None
+        self.tensorboard, self.tb = "tensorboard" in loggers, None
         self.exporter = PrometheusExporter(run_name) if prometheus else None
-        self.tracker = open_tracker(logger, self.dir, project, run_name, config or {})
+        opened = {k: open_tracker(k, self.dir, project, run_name, config or {}, (tracker_ids or {}).get(k)) for k in loggers}
+        self.trackers = {k: t for k, t in opened.items() if t is not None}
         self.rewind(keep_through_step)
+
+    def tracker_ids(self) -> dict:
+        """{tracker: run id}: what a checkpoint keeps so that a resumed run continues the same runs."""
+        return {k: t.id for k, t in self.trackers.items()}
 
     def _truncate_after(self, step: int) -> None:
         if not self.path.exists():
@@ -71,8 +79,8 @@ class RunLog:
             self.tb.flush()
         if self.exporter is not None:
             self.exporter.observe(numbers, samples)
-        if self.tracker is not None:
-            self.tracker.log(step, numbers)
+        for tracker in self.trackers.values():
+            tracker.log(step, numbers)
 
     def history(self) -> list[dict]:
         return read_metrics(self.dir)
@@ -83,5 +91,5 @@ class RunLog:
             self.tb.close()
         if self.exporter is not None:
             self.exporter.close()
-        if self.tracker is not None:
-            self.tracker.finish(curve)
+        for tracker in self.trackers.values():
+            tracker.finish(curve)

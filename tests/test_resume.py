@@ -28,12 +28,14 @@ def read(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tmp_path):
+def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tmp_path, monkeypatch):
+    """...and its MLflow run continues: one run in the run folder's store, every step's numbers in it."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
+    trackers = ["trainer.logger=[tensorboard,mlflow]"]
     assert run_driver(tiny(tiny_model_dir, whole)).returncode == 0
-    first = run_driver(tiny(tiny_model_dir, parts) + ["trainer.stop_after_step=2"])
+    first = run_driver(tiny(tiny_model_dir, parts) + trackers + ["trainer.stop_after_step=2"])
     assert first.returncode == 0 and "stopping after step 2" in first.stderr + first.stdout
-    second = run_driver(tiny(tiny_model_dir, parts))
+    second = run_driver(tiny(tiny_model_dir, parts) + trackers)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resumed from" in second.stdout and "at step 2" in second.stdout
     a, b = stable(read(whole)), stable(read(parts))
@@ -47,6 +49,12 @@ def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tmp
     assert all((wa[k] - wb[k]).abs().max() < 1e-5 for k in wa)
     done = run_driver(tiny(tiny_model_dir, parts))
     assert done.returncode == 0 and "is complete" in done.stdout
+    from mlflow.tracking import MlflowClient
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the run folder's store, as the tracker opened it
+    client = MlflowClient(tracking_uri=(parts / "mlruns").resolve().as_uri())
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    logged = [m.step for m in client.get_metric_history(run.info.run_id, "reward/avg_raw_reward")]
+    assert logged == [1, 2, 3, 4]
 
 
 def tensorboard_steps(run, tag="reward/avg_raw_reward"):

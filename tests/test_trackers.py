@@ -93,3 +93,43 @@ def test_a_logger_without_its_package_says_how_to_install_it(tmp_path, monkeypat
     with pytest.raises(ImportError, match=r"trainer.logger=wandb needs its package: pip install 'visrl\[tracking\]'"):
         RunLog(str(tmp_path), logger="wandb", prometheus=False)
     assert os.path.isdir(tmp_path)
+
+
+def test_several_trackers_at_once_and_a_resumed_run_continues_the_same_runs(tmp_path, monkeypatch):
+    """trainer.logger as a list, as SkyRL and verl take it; a resumed run (its tracker ids from the
+    checkpoint) logs into the same MLflow run and resumes the same W&B run, steps continuing."""
+    from mlflow.tracking import MlflowClient
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    loggers = ["tensorboard", "mlflow", "wandb"]
+    log = RunLog(str(tmp_path), logger=loggers, prometheus=False, project="visrl-test", run_name="probe", config=CONFIG)
+    for step, metrics in STEPS:
+        log.log(step, metrics)
+    ids = log.tracker_ids()
+    log.close()
+    assert set(ids) == {"mlflow", "wandb"} and all(ids.values())
+    assert list((tmp_path / "tensorboard").glob("events.*"))
+    again = RunLog(str(tmp_path), keep_through_step=2, logger=loggers, prometheus=False, project="visrl-test",
+                   run_name="probe", config=CONFIG, tracker_ids=ids)
+    assert again.tracker_ids() == ids
+    again.log(3, {"reward/avg_raw_reward": 1.0})
+    again.close()
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
+    [run] = client.search_runs([client.get_experiment_by_name("visrl-test").experiment_id])
+    history = client.get_metric_history(run.info.run_id, "reward/avg_raw_reward")
+    assert run.info.run_id == ids["mlflow"] and [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.75), (3, 1.0)]
+    runs = [r.run for f in (tmp_path / "wandb").glob("offline-run-*/run-*.wandb") for r in wandb_records(f)
+            if r.WhichOneof("record_type") == "run"]
+    assert len(runs) == 2 and {r.run_id for r in runs} == {ids["wandb"]}
+
+
+def test_a_checkpoint_keeps_the_tracker_ids(tmp_path):
+    from rl.sampler import PromptSampler
+    from rl.state import RunState
+    rows = [{"seed": i} for i in range(4)]
+    state = RunState(3, None, PromptSampler(rows, 2, 0), trackers={"mlflow": "abc", "wandb": "xyz"})
+    snapshot = state.snapshot(10, "config")
+    fresh = RunState(0, None, PromptSampler(rows, 2, 0))
+    fresh.restore(snapshot, None)
+    assert fresh.trackers == {"mlflow": "abc", "wandb": "xyz"} and fresh.step == 3
