@@ -272,6 +272,7 @@ def fit(run: Run, fleet, state, log, pending: dict, preemption) -> None:
     bar = tqdm(total=run.total_steps, initial=state.step, unit="step",
                desc=f"{t.algorithm.advantage_estimator} {t.project_name}/{t.run_name}")
     recovered = None  # the record of a recovery whose next step has not finished yet
+    hinted = False  # the checkpoint interval's hint, after the first step (when a step's time is known)
     while state.step < run.total_steps and preemption.requested is None:
         step, started = state.step + 1, time.perf_counter()
         drawn_from = state.sampler.state_dict()
@@ -299,6 +300,9 @@ def fit(run: Run, fleet, state, log, pending: dict, preemption) -> None:
         log.log(step, metrics)
         bar.update(1)
         bar.write(step_line(step, run.total_steps, metrics))
+        if not hinted and (hint := fleet.interval_hint(metrics["timing/step"])):
+            bar.write(hint)
+        hinted = True
         if t.stop_after_step and step >= t.stop_after_step:
             bar.write(f"stopping after step {step} (trainer.stop_after_step); resume with trainer.resume_mode=latest")
             break

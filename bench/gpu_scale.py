@@ -48,20 +48,15 @@ SHAPES = {  # Qwen3-VL-2B / -8B (text, vision), as their configs give them
 }
 
 
-def build(shape: str, out: Path) -> int:
-    """Save a random bf16 model of `shape` to `out`; returns its parameter count."""
-    import torch
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+def shape_config(shape: str, tokenizer):
+    """The Qwen3VLConfig of `shape` with the project's tokenizer's ids."""
+    from transformers import Qwen3VLConfig
 
     from vlm.build import special_token_ids
-    from vlm.chat import CHAT_TEMPLATE
-    from vlm.processor import ImageOnlyQwen3VLProcessor, load_processor
-
-    tokenizer = load_processor(str(ROOT / "assets" / "maze-vl-base")).tokenizer
     text, vision = SHAPES[shape]
+    text = dict(text)
     tie = text.pop("tie_word_embeddings")
-    config = Qwen3VLConfig(
+    return Qwen3VLConfig(
         text_config=dict(vocab_size=151936, head_dim=128, max_position_embeddings=32768,
                          rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0,
                                           "mrope_section": [24, 20, 20], "mrope_interleaved": True},
@@ -70,6 +65,19 @@ def build(shape: str, out: Path) -> int:
         vision_config=dict(patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
                            **vision),
         tie_word_embeddings=tie, **special_token_ids(tokenizer))
+
+
+def build(shape: str, out: Path) -> int:
+    """Save a random bf16 model of `shape` to `out`; returns its parameter count."""
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from vlm.chat import CHAT_TEMPLATE
+    from vlm.processor import ImageOnlyQwen3VLProcessor, load_processor
+
+    tokenizer = load_processor(str(ROOT / "assets" / "maze-vl-base")).tokenizer
+    config = shape_config(shape, tokenizer)
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):  # built where it runs: no host copy of 16 GB of random numbers

@@ -212,6 +212,18 @@ class Fleet:
         return {"ckpt/failed": 0.0, "ckpt/save_s": info["seconds"], "ckpt/bytes": info["bytes"],
                 "ckpt/bytes_per_s": info["bytes"] / max(info["seconds"], 1e-9)}
 
+    def interval_hint(self, step_s: float) -> str | None:
+        """The checkpoint interval the rule "every MTTF / 3" gives at this step time, beside the config's
+        (None without trainer.hours_between_failures)."""
+        t = self.cfg.trainer
+        if not t.hours_between_failures:
+            return None
+        every_s = t.hours_between_failures * 3600 / 3
+        steps = max(1, int(every_s // step_s))
+        return (f"checkpoint interval: a failure every {t.hours_between_failures:g} h (trainer.hours_between_failures) "
+                f"calls for a checkpoint every {every_s / 60:.0f} min (MTTF / 3): {steps} steps of {step_s:.1f} s; "
+                f"trainer.ckpt_interval is {t.ckpt_interval}")
+
     def make_last_save_durable(self, state: RunState, config_yaml: str) -> int:
         """A failed save is tried again at the next step; the last step has none, so its save is tried
         once more here. If it still fails, the run says which step is durable and exits non-zero (3)

@@ -172,6 +172,10 @@ class TrainerConfig:
                                 at_least=0, visrl=True)
     fail_on_ckpt_error: bool = setting(False, "stop the run when a checkpoint cannot be saved", visrl=True)
     ckpt_timeout_s: float = setting(120.0, "longest a checkpoint save may hold up a step", above=0, visrl=True)
+    hours_between_failures: Optional[float] = setting(
+        None, "the hours a run expects between failures (a lost node, a preemption): after its first step the "
+              "driver prints the checkpoint interval the MTTF/3 rule gives at this run's step time", above=0,
+        visrl=True)
     preemption_timeout_s: float = setting(
         60.0, "after SIGTERM (a spot reclaim, a drain, a pod deletion), the longest the driver takes to save the "
               "run's state and exit with status 75; give the platform's grace period more", above=0, visrl=True)

@@ -160,3 +160,16 @@ def test_no_checkpoint_that_verifies_is_an_error_and_none_at_all_is_a_fresh_star
     (tmp_path / "c" / "global_step_2" / "manifest.json").write_text("{}")
     with pytest.raises(CheckpointError, match="no checkpoint under here verifies.*resume_mode=none"):
         resume_step(ck, "here")
+
+
+def test_the_checkpoint_interval_hint_follows_the_mttf_over_three_rule():
+    """A failure every 6 hours calls for a checkpoint every 2 hours: 74 steps of 97 s."""
+    from types import SimpleNamespace
+
+    from controller.fleet import Fleet
+    from settings import load_config
+    fleet = Fleet.__new__(Fleet)
+    fleet.cfg = load_config(None, ["trainer.hours_between_failures=6", "trainer.ckpt_interval=20"])
+    hint = fleet.interval_hint(97.0)
+    assert "every 120 min" in hint and "74 steps of 97.0 s" in hint and "trainer.ckpt_interval is 20" in hint
+    assert Fleet.interval_hint(SimpleNamespace(cfg=load_config(None, [])), 97.0) is None
