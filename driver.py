@@ -295,7 +295,8 @@ def fit(run: Run, fleet, state, log, pending: dict, preemption) -> None:
         if recovered is not None:
             pending |= fleet.step_done_after_recovery(recovered)
             recovered = None
-        metrics |= pending | {"timing/step": time.perf_counter() - started, "time": time.time()}
+        metrics |= pending | {"timing/step": time.perf_counter() - started, "time": time.time(),
+                              "run/steps_left": run.total_steps - step}  # 0 at the end: a finished run, not a dead one
         pending = {}
         log.log(step, metrics)
         bar.update(1)

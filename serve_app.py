@@ -44,8 +44,8 @@ def _metrics() -> dict:
                                   tag_keys=("adapter",)),
             "apply": Histogram("visrl_serve_adapter_apply_seconds", "adapter apply to the model", boundaries=buckets,
                                tag_keys=("adapter",)),
-            "latency": Histogram("visrl_serve_request_seconds", "request latency by model id", boundaries=buckets,
-                                 tag_keys=("model",)),
+            "latency": Histogram("visrl_serve_request_seconds", "request latency by model id and status class",
+                                 boundaries=buckets, tag_keys=("model", "status")),
             "hits": Counter("visrl_serve_adapter_cache_hits", "requests whose adapter was resident"),
             "misses": Counter("visrl_serve_adapter_cache_misses", "requests that loaded their adapter"),
             "evictions": Counter("visrl_serve_adapter_evictions", "adapters evicted (LRU)")}
@@ -116,6 +116,7 @@ class MultiLoraServer:
     async def chat(self, request: Request):
         start = time.perf_counter()
         tag = "unknown"  # the latency metric's model tag: a known model id, never the client's raw string
+        status = "5xx"  # its status class: 2xx, 4xx (the client's mistake) or 5xx
         try:
             kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if kind != "application/json":
@@ -132,20 +133,22 @@ class MultiLoraServer:
                 raise APIError(400, "request body is not valid JSON") from None
             req = parse_chat_request(body, self.limits)
             adapter = self._adapter_of(req.model)
+            tag = req.model  # a served model id from here on: its errors count against it
             result = await self.generate_batch((req, adapter))
             if isinstance(result, APIError):
                 raise result
-            tag = req.model
+            status = "2xx"
             if req.stream:
                 return StreamingResponse(stream_chunks(result, req.include_usage), media_type="text/event-stream")
             return JSONResponse(result)
         except APIError as e:
+            status = f"{e.status // 100}xx"
             return JSONResponse(e.body(), status_code=e.status)
         except Exception:  # the server stays up; the client learns that it failed, not the server's internals
             log.exception("chat request failed")
             return JSONResponse(APIError(500, "internal error; the request was not completed").body(), status_code=500)
         finally:
-            self.metrics["latency"].observe(time.perf_counter() - start, tags={"model": tag})
+            self.metrics["latency"].observe(time.perf_counter() - start, tags={"model": tag, "status": status})
 
     def _adapter_of(self, model: str) -> str | None:
         """The adapter a model id names (None: the base). Ids outside the pattern are refused

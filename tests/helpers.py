@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import requests
 import torch
 import torch.multiprocessing as mp
+import yaml
 from safetensors.torch import load_file
 
 from envs.maze import MazeEnv
@@ -215,3 +217,55 @@ def save_fake_checkpoint(ck, step, tmp_path):
 
 
 EMBEDDED_BASE = str(ROOT / "assets" / "maze-vl-base")
+
+
+class Prometheus:
+    """deploy/prometheus/prometheus.yml as shipped, pointed at this cluster's discovery file, scraping
+    every second; on 127.0.0.1 and a free port, its data in a temp folder."""
+
+    def __init__(self, discovery_file: str, folder: Path):
+        config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+        config["global"] |= {"scrape_interval": "1s", "evaluation_interval": "1s"}
+        config["rule_files"] = [str(ROOT / "deploy" / "prometheus" / f) for f in config["rule_files"]]
+        (job,) = config["scrape_configs"]
+        job["file_sd_configs"][0]["files"] = [discovery_file]
+        (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log = open(folder / "prometheus.log", "wb")
+        self.proc = subprocess.Popen(["prometheus", f"--config.file={folder / 'prometheus.yml'}",
+                                      f"--storage.tsdb.path={folder / 'data'}",
+                                      f"--web.listen-address={self.url.removeprefix('http://')}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(self.url + "/-/ready", timeout=1).ok:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"Prometheus did not start: {(folder / 'prometheus.log').read_text()[-2000:]}")
+
+    def api(self, path: str, **params) -> dict:
+        answer = requests.get(f"{self.url}/api/v1/{path}", params=params, timeout=30).json()
+        assert answer["status"] == "success", answer
+        return answer["data"]
+
+    def query(self, expr: str) -> list:
+        return self.api("query", query=expr)["result"]
+
+    def query_range(self, expr: str, start: float, end: float) -> list:
+        return self.api("query_range", query=expr, start=start, end=end, step=2)["result"]
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def poll(prometheus: "Prometheus", expr: str, timeout_s: float = 60) -> list:
+    """Ray's processes report their metrics to their node's agent every few seconds: wait for them."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := prometheus.query(expr)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return found

@@ -178,3 +178,21 @@ def test_the_head_pod_gives_the_driver_time_to_save_on_sigterm():
     head = manifest("rayjob-train.yaml")["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     cfg = load_config(ROOT / "configs" / "hyperpod_qwen3vl_8b.yaml", ["trainer.ckpt_path=s3://b/c"])
     assert head["terminationGracePeriodSeconds"] > cfg.trainer.preemption_timeout_s
+
+
+def test_a_pod_monitor_scrapes_every_ray_pod_of_both_manifests_with_the_cluster_label():
+    """The Prometheus Operator's PodMonitor: it selects the pods KubeRay labels as Ray nodes, scrapes
+    the port every head and worker of both manifests names `metrics`, and copies the RayCluster's
+    name into `ray_io_cluster`, the label the Grafana boards' `cluster` variable filters by."""
+    monitor = manifest("podmonitor.yaml")
+    assert monitor["kind"] == "PodMonitor" and monitor["spec"]["selector"]["matchLabels"] == {"ray.io/is-ray-node": "yes"}
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_label_ray_io_cluster"], "targetLabel": "ray_io_cluster"} \
+        in endpoint["relabelings"]
+    for name in ("rayjob-train.yaml", "rayservice-serve.yaml"):
+        for pod in pods(manifest(name)):
+            ports = {p["name"]: p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
+            assert ports.get(endpoint["port"]) == 8080, (name, ports)  # Ray's metrics export port
+    for board in ("visrl-training.json", "visrl-serving.json"):
+        variables = {v["name"]: v for v in json.loads((ROOT / "deploy" / "grafana" / board).read_text())["templating"]["list"]}
+        assert "ray_io_cluster" in variables["cluster"]["query"]
