@@ -46,8 +46,9 @@ def parse_args(argv):
     ap.add_argument("--chaos-in-recovery", action="store_true",
                     help="also kill the EnvPool while the first recovery rebuilds the actors (a second fault)")
     ap.add_argument("--chaos-kill-node", action="append", default=[], metavar="PHASE@STEP",
-                    help="kill a worker node (its raylet and every process on it) during PHASE of STEP, e.g. train@5; "
-                         "repeatable (a multi-node cluster; docs/fault-tolerance.md)")
+                    help="kill a worker node (its raylet and every process on it) during PHASE of STEP, e.g. train@5 "
+                         "(SIGKILL, a power cut) or train@5:sigterm (a pod deletion); repeatable (a multi-node "
+                         "cluster; docs/fault-tolerance.md)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.train_batch_size=24")
     return ap.parse_intermixed_args(argv)
 
@@ -381,10 +382,10 @@ def make_dataset(cfg: Config, out_dir: str) -> int:
 def chaos_from_args(args):
     from controller.chaos import Chaos, parse_node_kills
     try:
-        node_kills = parse_node_kills(args.chaos_kill_node)
+        node_kills, node_signals = parse_node_kills(args.chaos_kill_node)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return Chaos(args.chaos_kill_every, args.chaos_method, args.chaos_in_recovery, node_kills)
+    return Chaos(args.chaos_kill_every, args.chaos_method, args.chaos_in_recovery, node_kills, node_signals=node_signals)
 
 
 def main(argv=None) -> int:

@@ -23,16 +23,24 @@ from dataclasses import dataclass, field
 NODE_KILL_PHASES = {"generate": 0.5, "train": 0.5, "eval": 0.5, "ref": 0.0, "sync": 0.0, "export": 0.0, "ckpt": 0.0}
 
 
-def parse_node_kills(specs: list[str]) -> list[tuple[str, int]]:
-    """["train@5", ...] -> [("train", 5), ...]; a malformed one is a ValueError that says the form."""
-    out = []
+NODE_SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM}  # a power cut; a pod deletion
+
+
+def parse_node_kills(specs: list[str]) -> tuple[list[tuple[str, int]], dict]:
+    """["train@5", "ckpt@7:sigterm", ...] -> ([("train", 5), ("ckpt", 7)], {("ckpt", 7): "sigterm"}): where
+    to kill a node and, where not SIGKILL, with which signal; a malformed one is a ValueError that says the form."""
+    out, signals = [], {}
     for spec in specs:
-        phase, _, step = spec.partition("@")
-        if phase not in NODE_KILL_PHASES or not step.isdigit() or int(step) < 1:
-            raise ValueError(f"--chaos-kill-node {spec!r}: expected PHASE@STEP with PHASE one of "
-                             f"{', '.join(NODE_KILL_PHASES)} and STEP >= 1 (e.g. train@5)")
+        at, _, how = spec.partition(":")
+        phase, _, step = at.partition("@")
+        if phase not in NODE_KILL_PHASES or not step.isdigit() or int(step) < 1 or (how and how not in NODE_SIGNALS):
+            raise ValueError(f"--chaos-kill-node {spec!r}: expected PHASE@STEP[:sigterm] with PHASE one of "
+                             f"{', '.join(NODE_KILL_PHASES)} and STEP >= 1 (e.g. train@5, or train@5:sigterm for a "
+                             "pod deletion's SIGTERM instead of a power cut's SIGKILL)")
         out.append((phase, int(step)))
-    return out
+        if how:
+            signals[(phase, int(step))] = how
+    return out, signals
 
 
 @dataclass
@@ -41,6 +49,7 @@ class Chaos:
     method: str = "sigkill"
     in_recovery: bool = False
     node_kills: list = field(default_factory=list)  # [(phase, step)]
+    node_signals: dict = field(default_factory=dict)  # {(phase, step): "sigterm"}; SIGKILL where absent
     kills: int = 0
     steps: set = field(default_factory=set)  # a step redone after a recovery is not killed again
     nodes_killed: list = field(default_factory=list)
@@ -69,14 +78,14 @@ def kill_actor(handle, method: str, wait_s: float = 60.0) -> None:
 class NodeKiller:
     """Lives on the node it kills (placed there by node affinity, reserving nothing)."""
 
-    def kill(self, delay_s: float) -> None:
+    def kill(self, delay_s: float, how: str = "sigkill") -> None:
         import psutil
         time.sleep(delay_s)
         raylet = psutil.Process(os.getppid())  # a worker's parent is its node's raylet
         victims = [raylet] + raylet.children(recursive=True)
         for p in victims:  # all at once: no process outlives the raylet to notice
             try:
-                p.send_signal(signal.SIGKILL)
+                p.send_signal(NODE_SIGNALS[how])
             except psutil.Error:
                 pass
 

@@ -337,10 +337,11 @@ class Fleet:
         c.nodes_killed.append((phase, step))
         holds = [a for a, n in self.actors.nodes.items() if n == node]
         delay = NODE_KILL_PHASES[phase]
+        how = c.node_signals.get((phase, step), "sigkill")
         self._append("chaos.jsonl", {"time": time.time(), "step": step, "phase": phase, "node": node,
-                                     "actors": holds, "method": "node", "delay_s": delay})
-        print(f"CHAOS: killing node {node[:8]} ({', '.join(holds)}) {delay:g}s into {phase} of step {step}", flush=True)
-        self.killers[node].kill.remote(delay)
+                                     "actors": holds, "method": "node", "signal": how, "delay_s": delay})
+        print(f"CHAOS: {how} to node {node[:8]} ({', '.join(holds)}) {delay:g}s into {phase} of step {step}", flush=True)
+        self.killers[node].kill.remote(delay, how)
 
     def _amend_recovery(self, restart: int, fields: dict) -> None:
         """Add fields to the recoveries.jsonl line of restart number `restart` (rewritten whole)."""

@@ -176,8 +176,9 @@ def platform(cluster):
 
 
 def test_lost_nodes_are_replaced_and_the_run_finishes(cluster, platform, s3_server, tmp_path):
-    """A worker node killed mid-generate, mid-train and during a checkpoint save: each time the driver
-    waits for the replacement, rebuilds the lost actors and restores the last checkpoint from S3."""
+    """A worker node killed mid-generate, mid-train (with SIGTERM, as a pod deletion sends it) and during
+    a checkpoint save: each time the driver waits for the replacement, rebuilds the lost actors and
+    restores the last checkpoint from S3."""
     from actors.checkpointer import Checkpointer
     from settings.schema import S3Config
     s3_server.client().create_bucket(Bucket="node-loss")
@@ -186,7 +187,7 @@ def test_lost_nodes_are_replaced_and_the_run_finishes(cluster, platform, s3_serv
         "data.train_size=24", "trainer.ckpt_interval=2", "trainer.ckpt_path=s3://node-loss/ckpts",
         "trainer.export_path=s3://node-loss/exports", f"s3.endpoint_url={s3_server.url}",
         "trainer.placement.recovery_timeout_s=300"]
-    kills = ["--chaos-kill-node", "generate@2", "--chaos-kill-node", "train@3", "--chaos-kill-node", "ckpt@4"]
+    kills = ["--chaos-kill-node", "generate@2", "--chaos-kill-node", "train@3:sigterm", "--chaos-kill-node", "ckpt@4"]
     # the driver's own environment holds the S3 credentials (conftest); the nodes do not: they reach
     # the Checkpointer only by the driver passing them on
     out = subprocess.run([sys.executable, "driver.py", *kills, *args], cwd=ROOT, capture_output=True, text=True,
@@ -195,7 +196,8 @@ def test_lost_nodes_are_replaced_and_the_run_finishes(cluster, platform, s3_serv
     assert "solve rate: baseline" in out.stdout
     assert [h["step"] for h in history(run)] == list(range(7))  # every step exactly once
     chaos = [json.loads(line) for line in (run / "chaos.jsonl").read_text().splitlines()]
-    assert [(c["phase"], c["step"]) for c in chaos] == [("generate", 2), ("train", 3), ("ckpt", 4)]
+    assert [(c["phase"], c["step"], c["signal"]) for c in chaos] == [("generate", 2, "sigkill"), ("train", 3, "sigterm"),
+                                                                     ("ckpt", 4, "sigkill")]
     attempts = [json.loads(line) for line in (run / "recoveries.jsonl").read_text().splitlines()]
     # one successful rebuild a kill; an attempt that fails (on a loaded machine a rebuilt actor can die
     # again before the restore ends) is recorded with its error and retried

@@ -77,3 +77,13 @@ def test_unsatisfiable_plan_fails_with_missing_resources(cluster):
     assert "GPU: plan needs 12, cluster has 6" in msg and "missing" in msg and "3 node(s)" in msg
     assert not ray.util.placement_group_table() or all(
         t["state"] == "REMOVED" for t in ray.util.placement_group_table().values())
+
+
+def test_node_kills_name_their_phase_step_and_signal():
+    import pytest
+
+    from controller.chaos import parse_node_kills
+    assert parse_node_kills(["train@5", "ckpt@7:sigterm"]) == ([("train", 5), ("ckpt", 7)], {("ckpt", 7): "sigterm"})
+    for bad in ("train", "train@0", "nap@3", "train@3:sighup"):
+        with pytest.raises(ValueError, match="PHASE@STEP"):
+            parse_node_kills([bad])
