@@ -47,7 +47,8 @@ def parse_args(argv):
                     help="also kill the EnvPool while the first recovery rebuilds the actors (a second fault)")
     ap.add_argument("--chaos-kill-node", action="append", default=[], metavar="PHASE@STEP",
                     help="kill a worker node (its raylet and every process on it) during PHASE of STEP, e.g. train@5 "
-                         "(SIGKILL, a power cut) or train@5:sigterm (a pod deletion); repeatable (a multi-node "
+                         "(SIGKILL, a power cut), train@5:sigterm (a pod deletion) or train@5:drain (a pod deletion "
+                         "whose preStop hook asks for a checkpoint first); repeatable (a multi-node "
                          "cluster; docs/fault-tolerance.md)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.train_batch_size=24")
     return ap.parse_intermixed_args(argv)
@@ -145,9 +146,9 @@ def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
             metrics[f"memory/engine_{when}_gib"] = max(held)
     state.step, state.adapter = step, adapter  # the one place a step is marked done
 
-    # 8. eval, export, checkpoint (preempted: the checkpoint only, unless it is the last step)
+    # 8. eval, export, checkpoint (preempted or a node draining: the checkpoint only, unless it is the last step)
     last = step == run.total_steps or step == t.stop_after_step
-    preempted = preemption.requested is not None
+    preempted = preemption.save_now
     if (step % t.eval_interval == 0 and not preempted) or last:
         with phases("eval"):
             metrics |= evaluate_policy(run, fleet, state)
@@ -199,13 +200,18 @@ def step_line(step: int, total: int, m: dict) -> str:
 def train(cfg: Config, chaos=None) -> int:
     """Set up, resume, fit, finish (`chaos`: controller.chaos.Chaos, the faults asked for on the
     command line)."""
+    from controller import drain
     from controller.preemption import Preemption
     run, fleet, state, resume_at = set_up(cfg, chaos)
-    preemption = Preemption(cfg.trainer.preemption_timeout_s, lambda: fleet.durable_step)
+    preemption = Preemption(cfg.trainer.preemption_timeout_s, lambda: fleet.durable_step, drains=drain.asked)
     preemption.install()
-    log, pending = resume(run, fleet, state, resume_at)
-    fit(run, fleet, state, log, pending, preemption)
-    return finish(run, fleet, state, log, preemption)
+    drain.driver_started()  # from here a worker node's preStop hook gets a checkpoint before it goes
+    try:
+        log, pending = resume(run, fleet, state, resume_at)
+        fit(run, fleet, state, log, pending, preemption)
+        return finish(run, fleet, state, log, preemption)
+    finally:
+        drain.driver_stopped()
 
 
 def set_up(cfg: Config, chaos):
@@ -282,8 +288,13 @@ def fit(run: Run, fleet, state, log, pending: dict, preemption) -> None:
             metrics = grpo_step(step, state, fleet, run, preemption)
         except Preempted:
             state.sampler.load_state_dict(drawn_from)  # the batch goes back: the rerun draws it again
-            bar.write(f"SIGTERM during step {step}, before its update: the step is abandoned")
-            break
+            if preemption.requested is not None:
+                bar.write(f"SIGTERM during step {step}, before its update: the step is abandoned")
+                break
+            bar.write(f"node(s) {', '.join(n[:8] for n in preemption.draining)} draining during step {step}, "
+                      f"before its update: the step is abandoned, the state of step {state.step} saved")
+            answer_drains(run, fleet, state, preemption)
+            continue
         except Exception as failure:
             if not fleet.is_actor_failure(failure):
                 raise
@@ -300,6 +311,8 @@ def fit(run: Run, fleet, state, log, pending: dict, preemption) -> None:
                               "run/steps_left": run.total_steps - step}  # 0 at the end: a finished run, not a dead one
         pending = {}
         log.log(step, metrics)
+        if preemption.draining:
+            answer_drains(run, fleet, state, preemption)
         bar.update(1)
         bar.write(step_line(step, run.total_steps, metrics))
         if not hinted and (hint := fleet.interval_hint(metrics["timing/step"])):
@@ -311,6 +324,16 @@ def fit(run: Run, fleet, state, log, pending: dict, preemption) -> None:
         if fleet.chaos.due(step, run.total_steps):
             fleet.chaos_kill(step)
     bar.close()
+
+
+def answer_drains(run: Run, fleet, state, preemption) -> None:
+    """The nodes asking to be drained learn which step is saved (saving it first where it is not), and
+    go; the run goes on and their loss restores that step."""
+    from controller import drain
+    if fleet.durable_step != state.step:
+        fleet.checkpoint(state, run.config_yaml)
+    drain.answer(preemption.draining, fleet.durable_step)
+    preemption.draining = []
 
 
 def finish(run: Run, fleet, state, log, preemption) -> int:

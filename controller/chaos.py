@@ -11,6 +11,9 @@ in the short ones (a checkpoint save takes a fraction of a second). The node cho
 shard (rank k for the k-th kill, round robin); the driver's own node is never chosen. Whatever replaces the node
 (a platform, or `deploy/local_cluster.py platform` here) is not the driver's business: recovery
 waits until the placement groups can be placed again. Each kill is a line in chaos.jsonl.
+`PHASE@STEP:sigterm` sends SIGTERM instead (a pod deletion); `PHASE@STEP:drain` first does what a
+worker pod's preStop hook does (controller/drain.py: ask the driver for a checkpoint and wait for
+it), then sends SIGTERM.
 """
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ from dataclasses import dataclass, field
 NODE_KILL_PHASES = {"generate": 0.5, "train": 0.5, "eval": 0.5, "ref": 0.0, "sync": 0.0, "export": 0.0, "ckpt": 0.0}
 
 
-NODE_SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM}  # a power cut; a pod deletion
+# a power cut; a pod deletion; a pod deletion after its preStop hook asked for a checkpoint
+NODE_SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "drain": signal.SIGTERM}
+DRAIN_TIMEOUT_S = 300.0  # the chaos drain's wait for the driver's checkpoint (a preStop hook's --timeout)
 
 
 def parse_node_kills(specs: list[str]) -> tuple[list[tuple[str, int]], dict]:
@@ -34,9 +39,10 @@ def parse_node_kills(specs: list[str]) -> tuple[list[tuple[str, int]], dict]:
         at, _, how = spec.partition(":")
         phase, _, step = at.partition("@")
         if phase not in NODE_KILL_PHASES or not step.isdigit() or int(step) < 1 or (how and how not in NODE_SIGNALS):
-            raise ValueError(f"--chaos-kill-node {spec!r}: expected PHASE@STEP[:sigterm] with PHASE one of "
-                             f"{', '.join(NODE_KILL_PHASES)} and STEP >= 1 (e.g. train@5, or train@5:sigterm for a "
-                             "pod deletion's SIGTERM instead of a power cut's SIGKILL)")
+            raise ValueError(f"--chaos-kill-node {spec!r}: expected PHASE@STEP[:sigterm|:drain] with PHASE one "
+                             f"of {', '.join(NODE_KILL_PHASES)} and STEP >= 1 (e.g. train@5; train@5:sigterm for a "
+                             "pod deletion's SIGTERM instead of a power cut's SIGKILL; train@5:drain for a pod "
+                             "deletion whose preStop hook asks for a checkpoint first)")
         out.append((phase, int(step)))
         if how:
             signals[(phase, int(step))] = how
@@ -81,6 +87,12 @@ class NodeKiller:
     def kill(self, delay_s: float, how: str = "sigkill") -> None:
         import psutil
         time.sleep(delay_s)
+        if how == "drain":
+            import ray
+
+            from controller import drain
+            saved = drain.request(ray.get_runtime_context().get_node_id(), DRAIN_TIMEOUT_S)
+            print(f"drain: the driver saved step {saved}", flush=True)
         raylet = psutil.Process(os.getppid())  # a worker's parent is its node's raylet
         victims = [raylet] + raylet.children(recursive=True)
         for p in victims:  # all at once: no process outlives the raylet to notice

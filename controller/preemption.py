@@ -6,6 +6,10 @@ batch it drew goes back to the sampler, so the rerun draws it again); a step tha
 without its eval and export. The run's state is then saved and the driver exits with PREEMPTED. A
 watchdog bounds all of it: `trainer.preemption_timeout_s` after the signal the process ends
 whatever it is doing, saying which checkpoint is durable, before the platform's SIGKILL would.
+
+A worker node about to go asks for a checkpoint instead (controller/drain.py, its pod's preStop
+hook): the step is abandoned or finished the same way, the state saved, the node answered, and the
+run goes on; the node's loss then restores that checkpoint.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import time
 
 PREEMPTED = 75  # EX_TEMPFAIL: stopped on SIGTERM with the state saved; the same command resumes
 ABANDONABLE = ("sample", "wake", "generate", "advantages", "items", "sleep", "ref")  # before the update
+DRAIN_POLL_S = 0.5  # how often the driver looks for a node asking to be drained (a call to Ray's KV store)
 
 
 class Preempted(Exception):
@@ -24,10 +29,13 @@ class Preempted(Exception):
 
 
 class Preemption:
-    def __init__(self, timeout_s: float, durable_step):
+    def __init__(self, timeout_s: float, durable_step, drains=None):
         self.timeout_s, self.durable_step = timeout_s, durable_step  # durable_step(): the newest saved step
         self.requested: float | None = None  # when SIGTERM arrived (time.monotonic)
         self.committed = False  # the current step has begun its update: it finishes
+        self.drains = drains  # () -> the nodes asking for a checkpoint (controller.drain.asked); None: not asked
+        self.draining: list[str] = []  # those nodes, as last seen
+        self._polled = float("-inf")
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -57,6 +65,15 @@ class Preemption:
         self.check()
 
     def check(self) -> None:
-        """Raise Preempted when SIGTERM came and the step can still be abandoned (between turns, too)."""
-        if self.requested is not None and not self.committed:
+        """Raise Preempted when SIGTERM came, or a node asks to be drained, and the step can still be
+        abandoned (between turns, too)."""
+        if self.drains is not None and time.monotonic() - self._polled >= DRAIN_POLL_S:
+            self._polled = time.monotonic()
+            self.draining = self.drains()
+        if (self.requested is not None or self.draining) and not self.committed:
             raise Preempted()
+
+    @property
+    def save_now(self) -> bool:
+        """The step's end saves the state whatever the interval (and skips eval and export)."""
+        return self.requested is not None or bool(self.draining)

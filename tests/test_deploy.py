@@ -180,6 +180,18 @@ def test_the_head_pod_gives_the_driver_time_to_save_on_sigterm():
     assert head["terminationGracePeriodSeconds"] > cfg.trainer.preemption_timeout_s
 
 
+def test_a_worker_pod_asks_for_a_checkpoint_before_it_goes():
+    """A worker pod deleted (a drain, a spot reclaim) runs its preStop hook before SIGTERM: the hook asks
+    the driver for a checkpoint (controller/drain.py) and waits less than the pod's grace period."""
+    for group in manifest("rayjob-train.yaml")["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        [container] = pod["containers"]
+        command = container["lifecycle"]["preStop"]["exec"]["command"]
+        assert command[:3] == ["python", "-m", "controller.drain"]
+        timeout = float(command[command.index("--timeout") + 1])
+        assert timeout < pod["terminationGracePeriodSeconds"]
+
+
 def test_a_pod_monitor_scrapes_every_ray_pod_of_both_manifests_with_the_cluster_label():
     """The Prometheus Operator's PodMonitor: it selects the pods KubeRay labels as Ray nodes, scrapes
     the port every head and worker of both manifests names `metrics`, and copies the RayCluster's
