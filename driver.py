@@ -124,7 +124,7 @@ def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
         with phases("train"):
             result = fleet.trainer.train(shares, a, temperature, t.micro_train_batch_size_per_gpu,
                                          t.update_epochs_per_batch, ref_logprobs)
-        metrics |= {f"policy/{k}": v for k, v in result.items()}
+        metrics |= {k if k.startswith("comm/") else f"policy/{k}": v for k, v in result.items()}
 
     # 7. weight sync: adapter v+1 written atomically to shared storage, every engine loads it
     with phases("sync"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -23,17 +23,21 @@ from inference.pictures import PicturePreprocessor
 from rl.algorithm import entropy, policy_loss
 from settings.schema import AlgorithmConfig
 from storage.atomic import replace_dir, temp_beside
+from telemetry.collectives import CollectiveRecorder
 from vlm.forward import agree_max, collate, sampled_logprobs, score_seqs
 from vlm.load import release_cached_memory
-from vlm.sharding import init_distributed, shard_model, staging_device
+from vlm.sharding import group_names, init_distributed, shard_model, staging_device
 
 
 class FSDPPolicyShard:
     def __init__(self, model_path: str, rank: int = 0, world_size: int = 1, device: str = "cpu",
                  lora: dict | None = None, optimizer: dict | None = None, total_steps: int = 1,
                  seed: int = 42, cpu_offload: bool = False, s3_cfg=None, threads: int | None = None,
-                 dtype: str = "float32", gradient_checkpointing: bool = False, speedups: bool = True):
+                 dtype: str = "float32", gradient_checkpointing: bool = False, speedups: bool = True,
+                 fsdp_size: int = -1, record_collectives: bool = False):
         self.model_path, self.rank, self.world_size, self.device = model_path, rank, world_size, device
+        self.fsdp_size, self.record_collectives = fsdp_size, record_collectives
+        self.recorder = None  # a CollectiveRecorder once set up, with record_collectives
         self.lora_cfg = {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear", **(lora or {})}
         self.optim_cfg = {"lr": 1e-4, "adam_betas": [0.9, 0.999], "weight_decay": 0.0, "max_grad_norm": 1.0,
                           "num_warmup_steps": 0, "scheduler": "constant_with_warmup", **(optimizer or {})}
@@ -68,7 +72,9 @@ class FSDPPolicyShard:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = get_peft_model(base, lora_config(self.lora_cfg))
         self.model.train()
-        shard_model(self.model, self.device, self.world_size, self.cpu_offload, bf16_compute=self.bf16_compute)
+        mesh = shard_model(self.model, self.device, self.world_size, self.cpu_offload, bf16_compute=self.bf16_compute,
+                           fsdp_size=self.fsdp_size)
+        self.recorder = CollectiveRecorder(group_names(mesh), self.device) if self.record_collectives else None
         # a step's passes (reference, old policy, each update epoch) show the same pictures
         self.pictures = PicturePreprocessor(self.processor.image_processor, self.dtype)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -84,11 +90,16 @@ class FSDPPolicyShard:
         """{item key: log-probs of its sampled tokens} under the current policy."""
         self.model.eval()
         try:
-            scored = score_seqs(self.model, self.processor, [it.seq for it in items], micro_batch, self.device,
-                                self.dtype, temperature, self.world_size, self.pictures)
+            with self._recording():
+                scored = score_seqs(self.model, self.processor, [it.seq for it in items], micro_batch, self.device,
+                                    self.dtype, temperature, self.world_size, self.pictures)
         finally:
             self.model.train()
         return {it.key: lp for it, lp in zip(items, scored)}
+
+    def _recording(self):
+        """Collectives counted from here (record_collectives), reported with the step's train metrics."""
+        return self.recorder if self.recorder is not None else nullcontext()
 
     def reference_logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> dict[int, np.ndarray]:
         """{item key: log-probs of its sampled tokens} under the frozen base, the adapter switched
@@ -104,7 +115,15 @@ class FSDPPolicyShard:
 
         ref_logprobs: the reference shards' {item key: log-probs}, as many dicts as there are ref
         shards (Ray resolves them here, straight from the object store). The old policy is the
-        engines' sampling log-probs with use_rollout_logprobs, else this policy before the update."""
+        engines' sampling log-probs with use_rollout_logprobs, else this policy before the update.
+        With record_collectives the metrics carry comm/*: this call's collectives and the scoring
+        passes' since the last train (telemetry/collectives.py)."""
+        with self._recording():
+            out = self._train(items, algo, temperature, micro_batch, epochs, ref_logprobs)
+        return out if self.recorder is None else out | self.recorder.take()
+
+    def _train(self, items: list, algo: AlgorithmConfig, temperature: float, micro_batch: int, epochs: int,
+               ref_logprobs: tuple) -> dict:
         ref = {k: v for part in ref_logprobs for k, v in part.items()} or None
         rollout = {it.key: it.seq.rollout_logprobs() for it in items}
         minibatches = sorted({it.minibatch for it in items})

@@ -15,9 +15,9 @@ from vlm.sharding import init_distributed, shard_model, staging_device
 class RefShard:
     def __init__(self, model_path: str, rank: int = 0, world_size: int = 1, device: str = "cpu",
                  cpu_offload: bool = False, s3_cfg=None, threads: int | None = None, dtype: str = "float32",
-                 speedups: bool = True):
+                 speedups: bool = True, fsdp_size: int = -1):
         self.model_path, self.rank, self.world_size, self.device = model_path, rank, world_size, device
-        self.speedups = speedups
+        self.speedups, self.fsdp_size = speedups, fsdp_size
         self.cpu_offload, self.s3_cfg, self.dtype = cpu_offload, s3_cfg, getattr(torch, dtype)
         if threads:
             torch.set_num_threads(threads)
@@ -33,7 +33,7 @@ class RefShard:
                                                 self.s3_cfg, speedups=self.speedups)
         for p in self.model.parameters():
             p.requires_grad_(False)
-        shard_model(self.model, self.device, self.world_size, self.cpu_offload)
+        shard_model(self.model, self.device, self.world_size, self.cpu_offload, fsdp_size=self.fsdp_size)
 
     def logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> dict[int, np.ndarray]:
         """{item key: the reference's log-probs of its sampled tokens}."""

@@ -60,6 +60,13 @@ class OptimizerConfig:
 @dataclass
 class FsdpConfig:
     cpu_offload: bool = setting(False, "FSDP2's parameter and optimizer offload to the host")
+    fsdp_size: int = setting(
+        -1, "the shard group: -1 shards over every device of the pool; N shards inside groups of N consecutive "
+            "devices (a node's) and replicates across them (hybrid); 1 keeps the whole base on every device and "
+            "all-reduces only the LoRA gradients (docs/cluster.md)", at_least=-1)
+    record_collectives: bool = setting(
+        False, "count every collective the shards issue as comm/* metrics (bytes and seconds by process group); "
+               "each then waits for its own end, so steps run slower while it is on", visrl=True)
 
 
 @dataclass
@@ -328,6 +335,12 @@ class Config:
                               f"({self.data.train_size})")
         policy_gpus = p.policy_num_nodes * p.policy_num_gpus_per_node
         engine_gpus = g.inference_engine.num_engines * g.inference_engine.tensor_parallel_size
+        for pool, devices in (("policy", policy_gpus), ("ref", p.ref_num_nodes * p.ref_num_gpus_per_node)):
+            size = getattr(t, pool).fsdp_config.fsdp_size
+            if size != -1 and (size < 1 or devices % size):
+                raise ConfigError(f"trainer.{pool}.fsdp_config.fsdp_size={size} must be -1 (every device) or divide "
+                                  f"the {pool}'s {devices} devices (e.g. a node's: trainer.placement."
+                                  f"{pool}_num_gpus_per_node)")
         if p.colocate_all and engine_gpus != policy_gpus:
             raise ConfigError(
                 f"trainer.placement.colocate_all=true needs generator.inference_engine.num_engines x "

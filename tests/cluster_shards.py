@@ -1,6 +1,6 @@
 """Two FSDPPolicyShard actors on two nodes of a running cluster train on a pickled batch (tests/test_cluster.py).
 
-    python tests/cluster_shards.py RAY_ADDRESS MODEL_DIR ITEMS.pkl OUT_DIR
+    python tests/cluster_shards.py RAY_ADDRESS MODEL_DIR ITEMS.pkl OUT_DIR [FSDP_SIZE]
 
 Placed as a run places them (placement groups of the colocated plan, one per node, on distinct
 nodes); they rendezvous over gloo across the nodes, train once on their shares of the batch, and
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def main(address: str, model_dir: str, items_path: str, out_dir: str) -> None:
+def main(address: str, model_dir: str, items_path: str, out_dir: str, fsdp_size: str = "-1") -> None:
     import ray
 
     from actors.policy_shard import FSDPPolicyShard
@@ -36,7 +36,8 @@ def main(address: str, model_dir: str, items_path: str, out_dir: str) -> None:
     try:
         shards = [ray.remote(FSDPPolicyShard).options(**slot_options(groups, pool, i, slot, "visrl-cluster-shards")).remote(
             model_dir, rank=slot.rank, world_size=2, device="cpu", lora={"rank": 4, "alpha": 8},
-            optimizer={"lr": 1e-2}, seed=0, threads=1) for pool, i, slot in plan.slots("policy")]
+            optimizer={"lr": 1e-2}, seed=0, threads=1, fsdp_size=int(fsdp_size), record_collectives=True)
+            for pool, i, slot in plan.slots("policy")]
         addr, port = ray.get(shards[0].address.remote())
         ray.get([s.setup.remote(addr, port) for s in shards])
         shares = split_for_ranks(batch["items"], 2)
@@ -50,4 +51,4 @@ def main(address: str, model_dir: str, items_path: str, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

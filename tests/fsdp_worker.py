@@ -32,13 +32,14 @@ def rank_process(worker):
 
 
 def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=1, gradient_checkpointing=False,
-           dtype="float32"):
+           dtype="float32", fsdp_size=-1, record_collectives=False):
     import torch
     torch.set_num_threads(1)
     from actors.policy_shard import FSDPPolicyShard
     shard = FSDPPolicyShard(model_dir, rank=rank, world_size=world_size, device="cpu",
                             lora={"rank": 4, "alpha": 8}, optimizer=optimizer or {"lr": 1e-2}, seed=seed,
-                            total_steps=total_steps, gradient_checkpointing=gradient_checkpointing, dtype=dtype)
+                            total_steps=total_steps, gradient_checkpointing=gradient_checkpointing, dtype=dtype,
+                            fsdp_size=fsdp_size, record_collectives=record_collectives)
     shard.setup("127.0.0.1", port)
     return shard
 
@@ -50,7 +51,8 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
     with open(items_path, "rb") as f:
         batch = pickle.load(f)  # written by the test itself
     shard = _shard(rank, world_size, port, model_dir, seed=0,
-                   gradient_checkpointing=batch.get("gradient_checkpointing", False))
+                   gradient_checkpointing=batch.get("gradient_checkpointing", False),
+                   fsdp_size=batch.get("fsdp_size", -1), record_collectives=batch.get("record_collectives", False))
     mine = split_for_ranks(batch["items"], world_size)[rank]
     before = shard.logprobs(mine, 1.0, micro_batch=2)
     # forward calls of one decoder layer's first norm during train: checkpointing runs each block again in
@@ -76,7 +78,9 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
         with open(os.path.join(out_dir, "result.pkl"), "wb") as f:
             pickle.dump({"metrics": metrics, "before": before, "optimizer_steps": state["optimizer_steps"],
                          "state": state, "layer_calls": len(calls), "references": references,
-                         "fsdp_units": fsdp_units}, f)
+                         "fsdp_units": fsdp_units,
+                         "base_bytes": sum(p.numel() * p.element_size() for p in shard.model.parameters()
+                                           if not p.requires_grad) * world_size}, f)
     shard.shutdown()
 
 

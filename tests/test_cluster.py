@@ -139,8 +139,11 @@ def test_a_failing_job_ends_failed_with_the_reason(cluster, repo_copy, tmp_path)
     assert "unknown config key 'trainer.epochz'; did you mean 'trainer.epochs'?" in job_logs(cluster, job)
 
 
-def test_two_shards_on_two_nodes_train_like_one(cluster, tiny_model_dir, tmp_path):
-    """tests/test_fsdp.py's equality, with the two ranks on two nodes (gloo across raylets)."""
+@pytest.mark.parametrize("fsdp_size", [-1, 1])
+def test_two_shards_on_two_nodes_train_like_one(cluster, tiny_model_dir, tmp_path, fsdp_size):
+    """tests/test_fsdp.py's equality, with the two ranks on two nodes (gloo across raylets), the base
+    sharded over both (-1) or whole on each with only the LoRA gradients crossing (1; with one shard a
+    node this is also the hybrid design)."""
     import pickle
 
     from safetensors.torch import load_file
@@ -150,13 +153,18 @@ def test_two_shards_on_two_nodes_train_like_one(cluster, tiny_model_dir, tmp_pat
     one, lora_one = train_with(1, tiny_model_dir, tmp_path, batch)
     (tmp_path / "items.pkl").write_bytes(pickle.dumps(batch))
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "cluster_shards.py"), cluster.address, tiny_model_dir,
-                          str(tmp_path / "items.pkl"), str(tmp_path / "two")], capture_output=True, text=True,
+                          str(tmp_path / "items.pkl"), str(tmp_path / "two"), str(fsdp_size)], capture_output=True, text=True,
                          timeout=600, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert out.returncode == 0, out.stderr[-3000:]
     two = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(set(two["nodes"])) == 2 and cluster.head_node_id() not in two["nodes"]
     for key in ("policy_loss", "policy_kl", "grad_norm", "entropy"):
         assert abs(one["metrics"][key] - two["metrics"][key]) < 1e-4 * max(1, abs(one["metrics"][key])), key
+    crossed = {k for k, v in two["metrics"].items() if k.endswith("_bytes") and v > 0 and k != "comm/total_bytes"}
+    if fsdp_size == -1:  # the base gathered over both nodes
+        assert "comm/world/all_gather_bytes" in crossed, two["metrics"]
+    else:  # the base never moves: only the LoRA gradients (and the step's few statistics)
+        assert not any("all_gather" in k for k in crossed) and "comm/replicate/all_reduce_bytes" in crossed, crossed
     lora_two = load_file(str(tmp_path / "two" / "adapter" / "adapter_model.safetensors"))
     assert lora_one.keys() == lora_two.keys()
     import torch

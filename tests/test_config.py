@@ -125,6 +125,10 @@ def test_wrong_types_name_key_and_expected_type(override, words):
     (["trainer.algorithm.use_tis=true", "trainer.algorithm.use_rollout_logprobs=true"], ["use_tis", "one of the two"]),
     (["trainer.algorithm.use_tis=true", "trainer.algorithm.use_rollout_logprobs=false", "trainer.algorithm.tis_imp_ratio_cap=0"],
      ["tis_imp_ratio_cap", "> 0"]),
+    (["trainer.placement.policy_num_gpus_per_node=2", "trainer.placement.ref_num_gpus_per_node=2",
+      "generator.inference_engine.num_engines=2", "trainer.policy.fsdp_config.fsdp_size=3"],
+     ["trainer.policy.fsdp_config.fsdp_size=3", "divide the policy's 2 devices"]),
+    (["trainer.ref.fsdp_config.fsdp_size=0"], ["trainer.ref.fsdp_config.fsdp_size=0", "-1 (every device)"]),
 ])
 def test_cross_field_and_choice_checks(overrides, words):
     with pytest.raises(ConfigError) as e:

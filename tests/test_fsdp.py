@@ -166,3 +166,31 @@ def test_lr_schedule_runs_over_training_steps(tiny_model_dir, tmp_path):
     assert [steps for _, steps in used] == [4, 4, 4]  # two mini-batches, two epochs
     expected = [1e-2 * 0.5 * (1 + np.cos(np.pi * k / 4)) for k in range(3)]
     np.testing.assert_allclose([lr for lr, _ in used], expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("world_size,fsdp_size", [(2, -1), (2, 1), (4, 2)])
+def test_every_sharding_design_trains_like_one_shard_and_its_collectives_are_counted(tiny_model_dir, tmp_path,
+                                                                                     world_size, fsdp_size):
+    """Full shard (-1), the base whole on every rank with only LoRA gradients all-reduced (1), and hybrid
+    (shard inside pairs, replicate across them): the same update as one shard; with record_collectives
+    the bytes say which design moves the frozen base (telemetry/collectives.py)."""
+    batch = make_items(tiny_model_dir)
+    one, lora_one = train_with(1, tiny_model_dir, tmp_path, batch)
+    batch |= {"fsdp_size": fsdp_size, "record_collectives": True}
+    many, lora_many = train_with(world_size, tiny_model_dir, tmp_path, batch)
+    for key in ("policy_loss", "policy_kl", "grad_norm", "entropy"):
+        assert abs(one["metrics"][key] - many["metrics"][key]) < 1e-4 * max(1, abs(one["metrics"][key])), key
+    for k in lora_one:
+        torch.testing.assert_close(lora_one[k], lora_many[k], atol=2e-5, rtol=1e-4)
+    comm = {k: v for k, v in many["metrics"].items() if k.startswith("comm/")}
+    print(fsdp_size, {k: round(v, 4) for k, v in sorted(comm.items())})
+    base_bytes = many["base_bytes"]
+    if fsdp_size == -1:  # every forward and backward gathers each block: the base crosses the wire
+        assert comm["comm/world/all_gather_bytes"] > base_bytes / 2 and comm["comm/world/reduce_scatter_bytes"] > 0
+    elif fsdp_size == 1:  # nothing of the base moves: a group of one sends nothing; LoRA gradients are all-reduced
+        assert comm.get("comm/shard/all_gather_bytes", 0) == 0
+        assert 0 < comm["comm/replicate/all_reduce_bytes"] < base_bytes / 10
+    else:  # the base is gathered inside a pair only; across pairs only the reduced LoRA gradients travel
+        assert comm["comm/shard/all_gather_bytes"] > base_bytes / 4
+        assert "comm/replicate/all_gather_bytes" not in comm
+        assert 0 < comm["comm/replicate/all_reduce_bytes"] < base_bytes / 10

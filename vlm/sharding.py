@@ -5,6 +5,12 @@ the root; frozen base weights and trainable LoRA weights shard alike (FSDP2 keep
 requires_grad, unlike FSDP1, which also segfaults on CPU when offloading state dicts). A single
 shard without offloading stays a plain module: FSDP would split nothing there, and its hooks cost
 a sizeable share of a small model's train pass on a GPU (bench/record/).
+
+`fsdp_size` (SkyRL's key) picks the shard group: -1 (or the world size) shards over every rank;
+N < world makes a 2-D mesh, sharding inside groups of N consecutive ranks (one node's devices, as
+the placement numbers them) and replicating across groups (hybrid sharding: gradients reduce-scatter
+inside a group, then all-reduce across); 1 keeps the whole model on every rank and only all-reduces
+the LoRA gradients, so the frozen base never crosses the wire.
 """
 from __future__ import annotations
 
@@ -32,12 +38,32 @@ def staging_device(device: str, cpu_offload: bool) -> str:
     return "cpu" if cpu_offload else device
 
 
-def shard_model(model, device: str, world_size: int, cpu_offload: bool = False, bf16_compute: bool = False):
+def mesh_shape(world_size: int, fsdp_size: int) -> tuple[int, ...]:
+    """(world,) for a full shard, (replicas, fsdp_size) for hybrid sharding; a size that does not divide
+    the world is a ValueError naming both."""
+    if fsdp_size in (-1, world_size):
+        return (world_size,)
+    if fsdp_size < 1 or world_size % fsdp_size:
+        raise ValueError(f"fsdp_size={fsdp_size} must be -1 or divide the {world_size} shards")
+    return (world_size // fsdp_size, fsdp_size)
+
+
+def group_names(mesh) -> dict[str, str]:
+    """{process group name: its role}: `shard` and `replicate` for a 2-D mesh, `world` for a 1-D one."""
+    if mesh is None:
+        return {}
+    if mesh.ndim == 1:
+        return {mesh.get_group().group_name: "world"}
+    return {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}
+
+
+def shard_model(model, device: str, world_size: int, cpu_offload: bool = False, bf16_compute: bool = False,
+                fsdp_size: int = -1):
     """Apply FSDP2 to each transformer block, then the whole model. With bf16_compute the
     trainable (fp32) parameters are cast to bf16 for compute, with gradients reduced in fp32
     (FSDP2's MixedPrecisionPolicy). One shard that offloads nothing stays a plain module, its
     forward under bf16 autocast for the same effect: fp32 LoRA weights computing in fp32 slow the
-    8B shape's train pass by a third (bench/record/)."""
+    8B shape's train pass by a third (bench/record/). Returns the device mesh (None for a plain module)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -48,10 +74,13 @@ def shard_model(model, device: str, world_size: int, cpu_offload: bool = False, 
             for layer in model.modules():  # PEFT would cast each LoRA input up to fp32 for autocast to cast back
                 if hasattr(layer, "cast_input_dtype_enabled"):
                     layer.cast_input_dtype_enabled = False
-        return model
+        return None
     # the mesh names the device: FSDP2's default takes the host's accelerator, and so moved a
     # gloo (trainer.device=cpu) run onto the GPU of a machine that has one
-    kwargs = {"mesh": init_device_mesh(torch.device(device).type, (world_size,))}
+    shape = mesh_shape(world_size, fsdp_size)
+    names = ("replicate", "shard") if len(shape) == 2 else None
+    mesh = init_device_mesh(torch.device(device).type, shape, mesh_dim_names=names)
+    kwargs = {"mesh": mesh}
     if offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     if bf16_compute:
@@ -60,4 +89,4 @@ def shard_model(model, device: str, world_size: int, cpu_offload: bool = False, 
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
-    return model
+    return mesh
