@@ -75,6 +75,26 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def model_bytes() -> tuple[int, int, int]:
+    """The embedded base's frozen bytes, its root unit's (everything outside the blocks FSDP wraps one
+    by one) and the LoRA weights', as the CPU shards hold them (fp32), with the default LoRA."""
+    from dataclasses import asdict
+
+    from peft import get_peft_model
+
+    from actors.policy_shard import lora_config
+    from settings import load_config
+    from vlm.load import load_model
+    cfg = load_config(None, [])
+    model, _ = load_model(cfg.trainer.policy.model.path, "cpu")
+    model = get_peft_model(model, lora_config(asdict(cfg.trainer.policy.model.lora)))
+    frozen = sum(p.numel() * 4 for p in model.parameters() if not p.requires_grad)
+    blocks = [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "VisionBlock"))]
+    in_blocks = {id(p) for b in blocks for p in b.parameters()}
+    root = sum(p.numel() * 4 for p in model.parameters() if id(p) not in in_blocks)
+    return frozen, root, sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2)
@@ -94,6 +114,11 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, gloo, {os.cpu_count()} CPUs; the embedded base; {args.steps} steps a design; "
           "bytes one rank sends a step")
     print(table(results))
+    base, root, lora = model_bytes()
+    record = {"base_bytes": base, "root_bytes": root, "lora_bytes": lora, "shards": 4, "per_node": 2,
+              "designs": {str(d): r for d, r in results.items()}}
+    (out / "comm.json").write_text(json.dumps(record, indent=1))
+    print(f"counts in {out / 'comm.json'} (bench/step_model.py --measured)")
     return 0
 
 

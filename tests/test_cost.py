@@ -1,4 +1,5 @@
-"""bench/cost.py: a finished run's devices, hours and cost, from its own config.yaml and metrics.jsonl."""
+"""bench/cost.py (a finished run's devices, hours and cost, from its own config.yaml and metrics.jsonl) and
+bench/step_model.py (the reference run's passes and each sharding design's bytes)."""
 import json
 
 import pytest
@@ -35,3 +36,24 @@ def test_devices_follow_the_placement():
 def test_a_folder_that_is_not_a_run_is_named(tmp_path):
     with pytest.raises(SystemExit, match="config.yaml not found"):
         cost(tmp_path, rate=1.0)
+
+
+def test_the_step_model_counts_the_reference_runs_passes_and_each_designs_bytes():
+    """bench/step_model.py: the reference config's micro-batches a shard (32 sequences, one a micro-batch;
+    the KL reference and the later mini-batch's old policy scored), and the byte formulas' shape: hybrid
+    over one node is the full shard, the base whole never gathers, and only the full shard sends the
+    gathers across nodes."""
+    from bench.step_model import design_bytes, gathered_bytes, passes
+    cfg = load_config(ROOT / "configs" / "hyperpod_qwen3vl_8b.yaml", ["trainer.ckpt_path=s3://b/c"])
+    p = passes(cfg)
+    assert (p["shards"], p["per_node"], p["seqs"], p["train"], p["scored"]) == (6, 2, 32, 32, 32 + 16)
+    w = gathered_bytes(p["forwards"], p["reductions"], base=100.0, root=10.0, lora_gathered=1.0)
+    assert w == 80 * 101 + 32 * 91
+    full = design_bytes(-1, 6, 2, w, 2.0, 32)
+    assert full["across"] == pytest.approx((w + 32 * 2.0) * 5 / 6) and full["inside"] == 0
+    assert design_bytes(2, 2, 2, w, 2.0, 32)["inside"] == pytest.approx(design_bytes(-1, 2, 2, w, 2.0, 32)["inside"])
+    whole = design_bytes(1, 6, 2, w, 2.0, 32)
+    assert whole == {"inside": 0.0, "across": pytest.approx(32 * 2 * 2.0 * 5 / 6)}
+    hybrid = design_bytes(2, 6, 2, w, 2.0, 32)
+    assert hybrid["across"] == pytest.approx(32 * 2 * 1.0 * 2 / 3)
+    assert hybrid["across"] < whole["across"] < full["across"]
