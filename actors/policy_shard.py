@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from inference.pictures import PicturePreprocessor
 from rl.algorithm import entropy, policy_loss
@@ -156,6 +157,10 @@ class FSDPPolicyShard:
                     # ranks must run the same number of passes: a rank with no data left runs a
                     # pass that contributes nothing (scale 0)
                     chunk, scale = (micro[k], 1.0) if k < len(micro) else (items[:micro_batch], 0.0)
+                    # gradients cross between ranks once a mini-batch, after its last micro-batch: the
+                    # ones before accumulate where they are (LoRA's alone: the base has none)
+                    if isinstance(self.model, FSDPModule):
+                        self.model.set_requires_gradient_sync(k == n_micro - 1)
                     for key, v in self._micro_step(chunk, scale, algo, temperature, old, ref, rollout,
                                                    gap if not grad_norms else None).items():
                         sums[key] += v

@@ -7,10 +7,10 @@
 Bytes: what bench/comm.py counts, written as formulas in the shapes that set them. A policy shard
 gathers every unit (each block, and the root: embeddings, output layer, the vision tower's ends) in
 each forward, and every unit but the root again in backward (FSDP2 keeps the root gathered), and
-reduces the LoRA gradients once a backward. With F forwards (trained and scored micro-batches) and
-R backwards (trained ones) a step, the base's bytes B and its root's C (bf16 on a GPU), the LoRA
+reduces the LoRA gradients once a mini-batch (after its last micro-batch). With F forwards (trained
+and scored micro-batches), T backwards (trained ones) and R mini-batches a step, the base's bytes B and its root's C (bf16 on a GPU), the LoRA
 weights' fp32 bytes L (their gradients reduce in fp32; they are gathered in the compute dtype, L/2),
-a gather moves W = F (B + L/2) + R (B + L/2 - C) a step. With n shards, g a shard group and
+a gather moves W = F (B + L/2) + T (B + L/2 - C) a step. With n shards, g a shard group and
 r = n / g groups, one rank sends a step:
 
     full shard (-1)      all-gather W (n-1)/n and reduce-scatter R L (n-1)/n, in a ring over every node
@@ -63,8 +63,9 @@ def passes(cfg) -> dict:
         scored += -(-seqs // t.micro_forward_batch_size_per_gpu)
     if not a.use_rollout_logprobs:  # the old policy, for every mini-batch after the first
         scored += -(-(seqs - seqs // minibatches) // t.micro_forward_batch_size_per_gpu)
+    # gradients cross once a mini-batch, after its last micro-batch (actors/policy_shard.py)
     return {"shards": shards, "per_node": p.policy_num_gpus_per_node, "seqs": seqs, "train": train,
-            "scored": scored, "forwards": train + scored, "reductions": train}
+            "scored": scored, "forwards": train + scored, "reductions": minibatches * t.update_epochs_per_batch}
 
 
 def gathered_bytes(forwards: int, backwards: int, base: float, root: float, lora_gathered: float) -> float:
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
         for gpu_name, gpu_bw in GPU_LINKS.items():
             cells = []
             for d, fsdp in designs.items():
-                gathered = gathered_bytes(p["forwards"], p["reductions"], BASE_BYTES_8B, ROOT_BYTES_8B,
+                gathered = gathered_bytes(p["forwards"], p["train"], BASE_BYTES_8B, ROOT_BYTES_8B,
                                           LORA_BYTES_8B_R32 / 2)
                 b = design_bytes(fsdp, p["shards"], p["per_node"], gathered, LORA_BYTES_8B_R32, p["reductions"])
                 comm = b["inside"] / gpu_bw + b["across"] / node_bw

@@ -47,13 +47,14 @@ def test_the_step_model_counts_the_reference_runs_passes_and_each_designs_bytes(
     cfg = load_config(ROOT / "configs" / "hyperpod_qwen3vl_8b.yaml", ["trainer.ckpt_path=s3://b/c"])
     p = passes(cfg)
     assert (p["shards"], p["per_node"], p["seqs"], p["train"], p["scored"]) == (6, 2, 32, 32, 32 + 16)
-    w = gathered_bytes(p["forwards"], p["reductions"], base=100.0, root=10.0, lora_gathered=1.0)
+    assert p["reductions"] == 2  # gradients cross once a mini-batch (2 of 12 prompts), not once a micro-batch
+    w = gathered_bytes(p["forwards"], p["train"], base=100.0, root=10.0, lora_gathered=1.0)
     assert w == 80 * 101 + 32 * 91
-    full = design_bytes(-1, 6, 2, w, 2.0, 32)
-    assert full["across"] == pytest.approx((w + 32 * 2.0) * 5 / 6) and full["inside"] == 0
-    assert design_bytes(2, 2, 2, w, 2.0, 32)["inside"] == pytest.approx(design_bytes(-1, 2, 2, w, 2.0, 32)["inside"])
-    whole = design_bytes(1, 6, 2, w, 2.0, 32)
-    assert whole == {"inside": 0.0, "across": pytest.approx(32 * 2 * 2.0 * 5 / 6)}
-    hybrid = design_bytes(2, 6, 2, w, 2.0, 32)
-    assert hybrid["across"] == pytest.approx(32 * 2 * 1.0 * 2 / 3)
+    full = design_bytes(-1, 6, 2, w, 2.0, 2)
+    assert full["across"] == pytest.approx((w + 2 * 2.0) * 5 / 6) and full["inside"] == 0
+    assert design_bytes(2, 2, 2, w, 2.0, 2)["inside"] == pytest.approx(design_bytes(-1, 2, 2, w, 2.0, 2)["inside"])
+    whole = design_bytes(1, 6, 2, w, 2.0, 2)
+    assert whole == {"inside": 0.0, "across": pytest.approx(2 * 2 * 2.0 * 5 / 6)}
+    hybrid = design_bytes(2, 6, 2, w, 2.0, 2)
+    assert hybrid["across"] == pytest.approx(2 * 2 * 1.0 * 2 / 3)
     assert hybrid["across"] < whole["across"] < full["across"]
