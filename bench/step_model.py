@@ -8,10 +8,10 @@ Bytes: what bench/comm.py counts, written as formulas in the shapes that set the
 gathers every unit (each block, and the root: embeddings, output layer, the vision tower's ends) in
 each forward, and every unit but the root again in backward (FSDP2 keeps the root gathered), and
 reduces the LoRA gradients once a mini-batch (after its last micro-batch). With F forwards (trained
-and scored micro-batches), T backwards (trained ones) and R mini-batches a step, the base's bytes B and its root's C (bf16 on a GPU), the LoRA
-weights' fp32 bytes L (their gradients reduce in fp32; they are gathered in the compute dtype, L/2),
-a gather moves W = F (B + L/2) + T (B + L/2 - C) a step. With n shards, g a shard group and
-r = n / g groups, one rank sends a step:
+and scored micro-batches), T backwards (trained ones) and R mini-batches a step, the base's bytes B
+and its root's C (bf16 on a GPU), the LoRA weights' fp32 bytes L (their gradients reduce in fp32;
+they are gathered in the compute dtype, L/2), a gather moves W = F (B + L/2) + T (B + L/2 - C) a step.
+With n shards, g a shard group and r = n / g groups, one rank sends a step:
 
     full shard (-1)      all-gather W (n-1)/n and reduce-scatter R L (n-1)/n, in a ring over every node
     hybrid (g = a node)  inside the node W (g-1)/g + R L (g-1)/g; across nodes all-reduce R 2 (L/g)(r-1)/r
