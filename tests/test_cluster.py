@@ -228,6 +228,35 @@ def test_lost_nodes_are_replaced_and_the_run_finishes(cluster, platform, s3_serv
     assert store.find_latest() == (6, [])
 
 
+def test_a_stopped_job_saves_its_state_and_the_job_resubmitted_resumes(cluster, repo_copy, tmp_path):
+    """`ray job stop` sends the driver SIGTERM, as a RayJob's deletion or a preemption does. Given
+    time (the job's RAY_JOB_STOP_WAIT_TIME_S above trainer.preemption_timeout_s; Ray's default is 3 s
+    before SIGKILL), the driver saves and exits; the same job submitted again resumes there, each
+    step logged once."""
+    from actors.checkpointer import Checkpointer
+    run = tmp_path / "run"
+    args = run_args(run) + SMALL + TWO_NODES + ["data.train_size=24", "trainer.ckpt_interval=100",
+                                                "trainer.preemption_timeout_s=60"]
+    grace = {"RAY_JOB_STOP_WAIT_TIME_S": "90"}
+    job = submit(cluster, repo_copy, args, env_vars=grace)
+    deadline = time.monotonic() + 600
+    while not ((run / "metrics.jsonl").exists() and len(history(run)) >= 3) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(history(run)) >= 3, job_logs(cluster, job)[-3000:]  # steps 0 (the first eval), 1 and 2
+    subprocess.run([RAY, "job", "stop", "--address", cluster.dashboard, job], capture_output=True, text=True,
+                   timeout=180, env=cluster.env())
+    assert wait_job(cluster, job, timeout_s=180) == "STOPPED"
+    logs = job_logs(cluster, job)
+    saved = re.search(r"preempted: the state of step (\d+) is saved", logs)
+    assert saved, logs[-3000:]
+    saved = int(saved.group(1))
+    assert Checkpointer(str(run / "ckpts")).find_latest()[0] == saved >= 2
+    job = submit(cluster, repo_copy, args, env_vars=grace)
+    assert wait_job(cluster, job) == "SUCCEEDED", job_logs(cluster, job)[-3000:]
+    assert f"at step {saved}" in job_logs(cluster, job)
+    assert [h["step"] for h in history(run)] == list(range(7))
+
+
 def test_the_whole_cluster_gone_and_the_job_resubmitted_resumes(cluster, repo_copy, s3_server, tmp_path):
     """Every node stopped mid-run (the job's driver with them); a new cluster; the same job again."""
     from actors.checkpointer import Checkpointer

@@ -178,6 +178,10 @@ def test_the_head_pod_gives_the_driver_time_to_save_on_sigterm():
     head = manifest("rayjob-train.yaml")["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     cfg = load_config(ROOT / "configs" / "hyperpod_qwen3vl_8b.yaml", ["trainer.ckpt_path=s3://b/c"])
     assert head["terminationGracePeriodSeconds"] > cfg.trainer.preemption_timeout_s
+    # `ray job stop` (a suspended RayJob) gives the driver RAY_JOB_STOP_WAIT_TIME_S before SIGKILL, 3 s by default
+    job = manifest("rayjob-train.yaml")["spec"]
+    stop_wait = yaml.safe_load(job["runtimeEnvYAML"])["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"]
+    assert float(stop_wait) > cfg.trainer.preemption_timeout_s
 
 
 def test_a_worker_pod_asks_for_a_checkpoint_before_it_goes():
