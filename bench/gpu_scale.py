@@ -71,8 +71,8 @@ def build(shape: str, out: Path) -> int:
     """Save a random bf16 model of `shape` to `out`; returns its parameter count."""
     import torch
     from transformers import Qwen3VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    from vlm import qwen3_vl
     from vlm.chat import CHAT_TEMPLATE
     from vlm.processor import ImageOnlyQwen3VLProcessor, load_processor
 
@@ -85,9 +85,8 @@ def build(shape: str, out: Path) -> int:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out)
-    image_processor = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
-                                               min_pixels=32 * 32, max_pixels=1024 * 1024)
-    ImageOnlyQwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+    # Qwen3-VL's own picture preprocessing, so the shape's prompts carry the real model's picture tokens
+    ImageOnlyQwen3VLProcessor(image_processor=qwen3_vl.image_processor(), tokenizer=tokenizer,
                               chat_template=CHAT_TEMPLATE).save_pretrained(out)
     n = sum(p.numel() for p in model.parameters())
     del model
