@@ -64,6 +64,11 @@ class Run:
     total_steps: int
     config_yaml: str
 
+    @property
+    def id(self) -> str:
+        """The run's name on the cluster: its own Ray namespace (controller.runtime_env.run_namespace)."""
+        return self.cfg.ray.namespace
+
 
 def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
     """One GRPO step, top to bottom (state: rl.state.RunState, fleet: controller.fleet.Fleet,
@@ -203,15 +208,16 @@ def train(cfg: Config, chaos=None) -> int:
     from controller import drain
     from controller.preemption import Preemption
     run, fleet, state, resume_at = set_up(cfg, chaos)
-    preemption = Preemption(cfg.trainer.preemption_timeout_s, lambda: fleet.durable_step, drains=drain.asked)
+    preemption = Preemption(cfg.trainer.preemption_timeout_s, lambda: fleet.durable_step,
+                            drains=lambda: drain.asked(run.id))
     preemption.install()
-    drain.driver_started()  # from here a worker node's preStop hook gets a checkpoint before it goes
+    drain.driver_started(run.id)  # from here a worker node's preStop hook gets a checkpoint before it goes
     try:
         log, pending = resume(run, fleet, state, resume_at)
         fit(run, fleet, state, log, pending, preemption)
         return finish(run, fleet, state, log, preemption)
     finally:
-        drain.driver_stopped()
+        drain.driver_stopped(run.id)
 
 
 def set_up(cfg: Config, chaos):
@@ -332,7 +338,7 @@ def answer_drains(run: Run, fleet, state, preemption) -> None:
     from controller import drain
     if fleet.durable_step != state.step:
         fleet.checkpoint(state, run.config_yaml)
-    drain.answer(preemption.draining, fleet.durable_step)
+    drain.answer(preemption.draining, fleet.durable_step, run.id)
     preemption.draining = []
 
 

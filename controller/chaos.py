@@ -92,7 +92,7 @@ class NodeKiller:
 
             from controller import drain
             saved = drain.request(ray.get_runtime_context().get_node_id(), DRAIN_TIMEOUT_S)
-            print(f"drain: the driver saved step {saved}", flush=True)
+            print(f"drain: saved {saved}", flush=True)
         raylet = psutil.Process(os.getppid())  # a worker's parent is its node's raylet
         victims = [raylet] + raylet.children(recursive=True)
         for p in victims:  # all at once: no process outlives the raylet to notice

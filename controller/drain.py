@@ -6,8 +6,8 @@ to its last checkpoint (up to `trainer.ckpt_interval` steps). The worker pod's p
 `python -m controller.drain` before the SIGTERM: it asks the driver through Ray's key-value store
 and waits for the answer. The driver abandons a step that has not reached its update (or finishes
 one that has), saves, and answers with the saved step; the hook returns, the node goes, and the
-recovery restores that checkpoint: nothing is lost. The wait is bounded (`--timeout`), and without a
-visrl run on the cluster the hook returns at once.
+recovery restores that checkpoint: nothing is lost. Every visrl run on the cluster is asked and
+waited for; the wait is bounded (`--timeout`), and without a run the hook returns at once.
 
     python -m controller.drain --timeout 100     # in the worker pod (deploy/kuberay/rayjob-train.yaml)
 """
@@ -19,7 +19,8 @@ import threading
 import time
 
 NAMESPACE = "visrl_drain"
-RUNNING = b"running"  # set while a driver answers drains
+# keys: running/<run> while a driver answers; ask/<node> while a node waits; done/<node>/<run> = the
+# step that run saved for it. Every run on the cluster saves before the node goes (two jobs may share it).
 
 
 def _kv():
@@ -27,48 +28,59 @@ def _kv():
     return internal_kv
 
 
-def driver_started() -> None:
-    _kv()._internal_kv_put(RUNNING, b"1", overwrite=True, namespace=NAMESPACE)
+def _key(*parts: str) -> bytes:
+    return "/".join(parts).encode()
 
 
-def driver_stopped() -> None:
-    _kv()._internal_kv_del(RUNNING, namespace=NAMESPACE)
+def _runs() -> list[str]:
+    return [k.decode()[len("running/"):] for k in _kv()._internal_kv_list(b"running/", namespace=NAMESPACE)]
 
 
-def asked() -> list[str]:
-    """The nodes that asked for a checkpoint and have no answer yet (the driver's side)."""
-    keys = _kv()._internal_kv_list(b"ask/", namespace=NAMESPACE)
-    return sorted(k.decode()[len("ask/"):] for k in keys)
+def driver_started(run: str) -> None:
+    _kv()._internal_kv_put(_key("running", run), b"1", overwrite=True, namespace=NAMESPACE)
 
 
-def answer(nodes: list[str], step: int) -> None:
-    """Tell each asking node that the state of `step` is saved."""
+def driver_stopped(run: str) -> None:
+    _kv()._internal_kv_del(_key("running", run), namespace=NAMESPACE)
+
+
+def asked(run: str) -> list[str]:
+    """The nodes asking for a checkpoint that `run` has not answered yet (the driver's side)."""
     kv = _kv()
+    nodes = [k.decode()[len("ask/"):] for k in kv._internal_kv_list(b"ask/", namespace=NAMESPACE)]
+    return sorted(n for n in nodes if not kv._internal_kv_exists(_key("done", n, run), namespace=NAMESPACE))
+
+
+def answer(nodes: list[str], step: int, run: str) -> None:
+    """Tell each asking node that `run` has saved the state of `step`."""
     for node in nodes:
-        kv._internal_kv_put(f"done/{node}".encode(), str(step).encode(), overwrite=True, namespace=NAMESPACE)
-        kv._internal_kv_del(f"ask/{node}".encode(), namespace=NAMESPACE)
+        _kv()._internal_kv_put(_key("done", node, run), str(step).encode(), overwrite=True, namespace=NAMESPACE)
 
 
-def request(node: str, timeout_s: float, poll_s: float = 0.2) -> int | None:
-    """Ask for a checkpoint on behalf of `node` and wait for it: the saved step, or None when no run
-    is there to answer or none came within timeout_s."""
+def request(node: str, timeout_s: float, poll_s: float = 0.2) -> dict[str, int]:
+    """Ask every running visrl run for a checkpoint on behalf of `node` and wait until each has
+    answered, has ended, or timeout_s has passed: {run: the step it saved} ({} without a run)."""
     kv = _kv()
-    if not kv._internal_kv_exists(RUNNING, namespace=NAMESPACE):
-        return None
-    done = f"done/{node}".encode()
-    kv._internal_kv_del(done, namespace=NAMESPACE)
-    kv._internal_kv_put(f"ask/{node}".encode(), str(time.time()).encode(), overwrite=True, namespace=NAMESPACE)
+    for old in kv._internal_kv_list(_key("done", node, ""), namespace=NAMESPACE):  # a node id asks once
+        kv._internal_kv_del(old, namespace=NAMESPACE)
+    if not _runs():
+        return {}
+    kv._internal_kv_put(_key("ask", node), str(time.time()).encode(), overwrite=True, namespace=NAMESPACE)
+    saved: dict[str, int] = {}
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        step = kv._internal_kv_get(done, namespace=NAMESPACE)
-        if step is not None:
-            kv._internal_kv_del(done, namespace=NAMESPACE)
-            return int(step)
-        if not kv._internal_kv_exists(RUNNING, namespace=NAMESPACE):  # the run ended meanwhile
-            break
-        time.sleep(poll_s)
-    kv._internal_kv_del(f"ask/{node}".encode(), namespace=NAMESPACE)  # nobody answered: do not leave it asking
-    return None
+    try:
+        while time.monotonic() < deadline:
+            running = _runs()
+            for run in running:
+                step = kv._internal_kv_get(_key("done", node, run), namespace=NAMESPACE)
+                if step is not None:
+                    saved[run] = int(step)
+            if all(run in saved for run in running):  # every run still there has saved (or none is left)
+                break
+            time.sleep(poll_s)
+    finally:
+        kv._internal_kv_del(_key("ask", node), namespace=NAMESPACE)  # answered or given up: stop asking
+    return saved
 
 
 def main(argv=None) -> int:
@@ -84,7 +96,7 @@ def main(argv=None) -> int:
         import ray
         ray.init(address=args.address, logging_level="ERROR", log_to_driver=False)
         progress["node"] = ray.get_runtime_context().get_node_id()
-        progress["step"] = request(progress["node"], max(args.timeout - (time.monotonic() - started), 0.0))
+        progress["saved"] = request(progress["node"], max(args.timeout - (time.monotonic() - started), 0.0))
 
     # a daemon thread: connecting to an unreachable cluster retries for minutes, and the pod must go anyway
     worker = threading.Thread(target=lambda: _report_errors(ask, progress), daemon=True)
@@ -94,12 +106,12 @@ def main(argv=None) -> int:
     if "node" not in progress:
         why = progress.get("error", f"not reached within {args.timeout:g}s")
         print(f"drain: no Ray cluster at {args.address!r} ({why}); nothing asked", file=sys.stderr)
-    elif progress.get("step") is None:
+    elif not progress.get("saved"):
         print(f"drain: node {progress['node'][:8]}: no visrl run answered within {args.timeout:g}s; going "
               f"without a new checkpoint ({seconds:.1f}s)", file=sys.stderr)
     else:
-        print(f"drain: node {progress['node'][:8]}: the run saved step {progress['step']} ({seconds:.1f}s); "
-              "the node can go")
+        steps = ", ".join(f"{run} step {step}" for run, step in sorted(progress["saved"].items()))
+        print(f"drain: node {progress['node'][:8]}: saved: {steps} ({seconds:.1f}s); the node can go")
     return 0  # never fail the hook: the pod is deleted either way
 
 
