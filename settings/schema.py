@@ -341,6 +341,9 @@ class Config:
                 raise ConfigError(f"trainer.{pool}.fsdp_config.fsdp_size={size} must be -1 (every device) or divide "
                                   f"the {pool}'s {devices} devices (e.g. a node's: trainer.placement."
                                   f"{pool}_num_gpus_per_node)")
+        if t.ref.fsdp_config.record_collectives:
+            raise ConfigError("trainer.ref.fsdp_config.record_collectives: only the policy shards' collectives are "
+                              "counted; set trainer.policy.fsdp_config.record_collectives=true")
         if p.colocate_all and engine_gpus != policy_gpus:
             raise ConfigError(
                 f"trainer.placement.colocate_all=true needs generator.inference_engine.num_engines x "

@@ -129,6 +129,7 @@ def test_wrong_types_name_key_and_expected_type(override, words):
       "generator.inference_engine.num_engines=2", "trainer.policy.fsdp_config.fsdp_size=3"],
      ["trainer.policy.fsdp_config.fsdp_size=3", "divide the policy's 2 devices"]),
     (["trainer.ref.fsdp_config.fsdp_size=0"], ["trainer.ref.fsdp_config.fsdp_size=0", "-1 (every device)"]),
+    (["trainer.ref.fsdp_config.record_collectives=true"], ["trainer.policy.fsdp_config.record_collectives=true"]),
 ])
 def test_cross_field_and_choice_checks(overrides, words):
     with pytest.raises(ConfigError) as e:
