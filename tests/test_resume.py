@@ -28,6 +28,16 @@ def read(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_same_history(whole, parts):
+    """The run done in parts logged what the uninterrupted one did: steps 0-4, each once, the same numbers."""
+    a, b = stable(read(whole)), stable(read(parts))
+    assert [h["step"] for h in a] == [h["step"] for h in b] == [0, 1, 2, 3, 4]
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert abs(x[k] - y[k]) <= 1e-4 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
+
+
 def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tmp_path, monkeypatch):
     """...and its MLflow run continues: one run in the run folder's store, every step's numbers in it."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
@@ -38,12 +48,7 @@ def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tmp
     second = run_driver(tiny(tiny_model_dir, parts) + trackers)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resumed from" in second.stdout and "at step 2" in second.stdout
-    a, b = stable(read(whole)), stable(read(parts))
-    assert [h["step"] for h in a] == [h["step"] for h in b] == [0, 1, 2, 3, 4]
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            assert abs(x[k] - y[k]) <= 1e-4 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
+    assert_same_history(whole, parts)
     wa = load_file(str(whole / "ckpts" / "global_step_4" / "policy" / "adapter_model.safetensors"))
     wb = load_file(str(parts / "ckpts" / "global_step_4" / "policy" / "adapter_model.safetensors"))
     assert all((wa[k] - wb[k]).abs().max() < 1e-5 for k in wa)
@@ -189,9 +194,4 @@ def test_sigterm_saves_the_state_exits_75_and_the_rerun_equals_an_uninterrupted_
     second = run_driver(args)
     assert second.returncode == 0, second.stderr[-2000:]
     assert f"at step {saved}" in second.stdout
-    a, b = stable(read(whole)), stable(read(parts))
-    assert [h["step"] for h in a] == [h["step"] for h in b] == [0, 1, 2, 3, 4]
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            assert abs(x[k] - y[k]) <= 1e-4 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
+    assert_same_history(whole, parts)
