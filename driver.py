@@ -77,7 +77,6 @@ def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
     from rl.algorithm import compute_advantages
     from rl.batch import build_items
     from rl.metrics import rollout_metrics
-    from rl.rollout import rollout_tasks, training_sampling
     from storage import adapters
     from telemetry.timing import Phases
 
@@ -89,23 +88,17 @@ def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
         preemption.at_phase(phase)  # SIGTERM before the update: the step is abandoned here
     phases = Phases(on_enter=on_phase)
 
-    # 1. sample: the next batch of prompts (one maze each), in the dataloader's seeded order
-    with phases("sample"):
-        rows, epoch = state.sampler.next_batch()
-        tasks = rollout_tasks(rows, step, g.n_samples_per_prompt)
-
-    # 2. rollouts: every live episode of a turn goes to the engines in one call, then the env pool steps
-    with phases("wake"):
-        fleet.engines.wake_up()
-    with phases("generate"):
-        episodes = fleet.runner.run(tasks, training_sampling(cfg, step), state.version, between_turns=preemption.check)
-    state.sampler.record_outcomes(episodes)  # mixed groups queue their maze for replay (data.replay_share)
+    # 1-2. rollouts: the next batch of prompts (one maze each) in the dataloader's seeded order, played
+    #    turn by turn (every live episode of a turn goes to the engines in one call, then the env pool
+    #    steps); one-step-off (trainer.fully_async), generated while the last step trained
+    episodes, epoch, generated = fleet.rollouts.take(step, state, phases, preemption)
 
     # 3. advantages: each episode's score against its group's (the samples of the same maze); one
     #    value a turn, so an estimator with step-level credit (gigpo) can tell the turns apart
     with phases("advantages"):
         advantages = compute_advantages(a, episodes)  # per episode, one value a turn
-    metrics = rollout_metrics(episodes, advantages, phases.seconds["generate"]) | {"data/replayed": state.sampler.replayed}
+    metrics = (rollout_metrics(episodes, advantages, generated["seconds"]) | generated["metrics"]
+               | {"data/replayed": state.sampler.replayed})
 
     # 4. training items: sequences with loss masks, per-token loss weights, mini-batches of prompts
     with phases("items"):
@@ -131,17 +124,13 @@ def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
                                          t.update_epochs_per_batch, ref_logprobs)
         metrics |= {k if k.startswith("comm/") else f"policy/{k}": v for k, v in result.items()}
 
-    # 7. weight sync: adapter v+1 written atomically to shared storage, every engine loads it
+    # 7. weight sync: adapter v+1 written atomically to shared storage; the engines load it now, or
+    #    one-step-off, as the next batch starts
     with phases("sync"):
         adapter = adapters.AdapterRef(str(run.dir / "adapters" / f"v{state.version + 1}"), state.version + 1)
         fleet.trainer.save_adapter(adapter.path)
-    with phases("wake"):
-        fleet.engines.wake_up()
-    with phases("sync"):
-        loaded = fleet.engines.load_adapter(adapter)
-        if any(v != adapter.version for v in loaded):
-            raise RuntimeError(f"engines report adapter versions {loaded} after sync to v{adapter.version}")
-        adapters.prune_versions(run.dir / "adapters", keep=2)
+    fleet.rollouts.publish(adapter, phases)
+    adapters.prune_versions(run.dir / "adapters", keep=2, current=adapter.version)
     status = fleet.engines.status()
     metrics |= {"sync/adapter_version": adapter.version,
                 "sync/adapter_load_s": max(s["last_adapter_load_s"] for s in status)}
@@ -173,6 +162,7 @@ def evaluate_policy(run: Run, fleet, state) -> dict:
     """The eval set through the engines with the current adapter; one line a row to eval/step_N.jsonl."""
     from rl.evaluate import evaluate, evaluation_sampling
     from rl.metrics import eval_metrics
+    fleet.rollouts.settle(state)  # one-step-off: the batch in flight done, the trainer's adapter loaded
     fleet.engines.wake_up()
     report = evaluate(fleet.runner, run.eval_rows, evaluation_sampling(run.cfg), state.version,
                       run.cfg.trainer.eval_batch_size)
@@ -262,8 +252,10 @@ def resume(run: Run, fleet, state, resume_at: int | None):
     t = run.cfg.trainer
     restore_s = fleet.restore(state, t.resume_mode, resume_at)
     if restore_s is not None:
+        ahead = (f"; step {state.step + 1}'s rollouts again with adapter v{state.rollout_version}"
+                 if state.ahead is not None else "")
         print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {state.step} "
-              f"(adapter v{state.version}) in {restore_s:.1f}s", flush=True)
+              f"(adapter v{state.version}) in {restore_s:.1f}s{ahead}", flush=True)
     log = RunLog(str(run.dir), keep_through_step=state.step if restore_s is not None else -1, logger=t.logger,
                  project=t.project_name, run_name=t.run_name, config=asdict(run.cfg), tracker_ids=state.trackers)
     state.trackers = log.tracker_ids()  # kept with every checkpoint from here on
@@ -288,12 +280,11 @@ def fit(run: Run, fleet, state, log, pending: dict, preemption) -> None:
     hinted = False  # the checkpoint interval's hint, after the first step (when a step's time is known)
     while state.step < run.total_steps and preemption.requested is None:
         step, started = state.step + 1, time.perf_counter()
-        drawn_from = state.sampler.state_dict()
         preemption.step_started()
         try:
             metrics = grpo_step(step, state, fleet, run, preemption)
         except Preempted:
-            state.sampler.load_state_dict(drawn_from)  # the batch goes back: the rerun draws it again
+            fleet.rollouts.rewind(state)  # the batch goes back: the rerun takes it again
             if preemption.requested is not None:
                 bar.write(f"SIGTERM during step {step}, before its update: the step is abandoned")
                 break

@@ -4,6 +4,8 @@ Layout (docs/design.md, "Checkpoints"):
     {ckpt_path}/global_step_N/trainer_state.json     step, epoch, dataloader position, config, RNG
     {ckpt_path}/global_step_N/policy/adapter_model.safetensors + adapter_config.json
     {ckpt_path}/global_step_N/policy/optimizer.pt     optimizer + scheduler (torch.save, tensors only)
+    {ckpt_path}/global_step_N/rollout_policy/         one-step-off: the older adapter the batch in flight
+                                                      is sampled with (when it is not the policy's)
     {ckpt_path}/global_step_N/manifest.json           sha256 of every file above (written last in the folder)
     {ckpt_path}/latest_ckpt_global_step.txt           the commit marker, written after everything else
 
@@ -28,6 +30,8 @@ from storage import StorageError, open_store
 from storage.atomic import replace_dir, temp_beside
 
 MARKER = "latest_ckpt_global_step.txt"
+ROLLOUT_ADAPTER = "rollout_policy"
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 INCOMPLETE = "incomplete"
 
 
@@ -45,7 +49,8 @@ class Checkpointer:
         self.store = open_store(ckpt_path, s3_cfg)
 
     # ---- save ---------------------------------------------------------------------------------
-    def save(self, step: int, trainer_state: dict, policy_state: dict, adapter_dir: str) -> dict:
+    def save(self, step: int, trainer_state: dict, policy_state: dict, adapter_dir: str,
+             rollout_adapter_dir: str | None = None) -> dict:
         """Write global_step_{step}, then the marker; returns {"seconds", "bytes"}. One attempt: S3's
         transient errors are retried by botocore (s3.max_attempts); a save that still fails is
         retried by the run at its next step (controller/fleet.py)."""
@@ -53,6 +58,8 @@ class Checkpointer:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp) / step_dir(step)
             shutil.copytree(adapter_dir, folder / "policy")
+            if rollout_adapter_dir:
+                shutil.copytree(rollout_adapter_dir, folder / ROLLOUT_ADAPTER)
             buf = io.BytesIO()
             torch.save({"optimizer": policy_state["optimizer"], "scheduler": policy_state["scheduler"],
                         "optimizer_steps": policy_state["optimizer_steps"],
@@ -147,14 +154,22 @@ class Checkpointer:
         self._require(step)
         d = step_dir(step)
         state = torch.load(io.BytesIO(self.store.get_bytes(f"{d}/policy/optimizer.pt")), weights_only=True)
+        self._copy_adapter(f"{d}/policy", adapter_out)
+        state["lora"] = load((Path(adapter_out) / "adapter_model.safetensors").read_bytes())
+        return state
+
+    def load_rollout_adapter(self, step: int, adapter_out: str) -> None:
+        """The adapter the checkpoint's batch in flight is sampled with, copied to adapter_out."""
+        self._require(step)
+        self._copy_adapter(f"{step_dir(step)}/{ROLLOUT_ADAPTER}", adapter_out)
+
+    def _copy_adapter(self, prefix: str, adapter_out: str) -> None:
         out = Path(adapter_out)
         tmp = temp_beside(out)
         tmp.mkdir(parents=True)
-        for name in ("adapter_model.safetensors", "adapter_config.json"):
-            (tmp / name).write_bytes(self.store.get_bytes(f"{d}/policy/{name}"))
+        for name in ADAPTER_FILES:
+            (tmp / name).write_bytes(self.store.get_bytes(f"{prefix}/{name}"))
         replace_dir(tmp, out)
-        state["lora"] = load((out / "adapter_model.safetensors").read_bytes())
-        return state
 
     def _require(self, step: int) -> None:
         problem = self.verify(step)

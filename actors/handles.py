@@ -56,6 +56,7 @@ class EngineClient:
         if not engines:
             raise ValueError("EngineClient needs at least one engine")
         self.engines = engines
+        self.version = 0  # the adapter version every engine holds (0: the base)
 
     def generate(self, requests, sampling, expect_version=None):
         from dataclasses import replace
@@ -69,8 +70,12 @@ class EngineClient:
         results = call_all([e for e, _, _ in busy], "generate", args)
         return [r for chunk in results for r in chunk]
 
-    def load_adapter(self, ref: AdapterRef) -> list[int]:
-        return call_all(self.engines, "load_adapter", [(ref,)] * len(self.engines))
+    def load_adapter(self, ref: AdapterRef) -> None:
+        """Every engine loads `ref`, and says so."""
+        loaded = call_all(self.engines, "load_adapter", [(ref,)] * len(self.engines))
+        if any(v != ref.version for v in loaded):
+            raise RuntimeError(f"engines report adapter versions {loaded} after loading v{ref.version}")
+        self.version = ref.version
 
     def sleep(self):
         call_all(self.engines, "sleep")

@@ -22,6 +22,7 @@ from actors.checkpointer import Checkpointer, CheckpointError, parse_step_path, 
 from actors.handles import EngineClient, Sync, TrainingClient, call_all
 from controller.chaos import NODE_KILL_PHASES, Chaos, kill_actor, start_killer
 from controller.launch import launch, restart_checkpointer, settle_nodes, teardown
+from controller.rollouts import Rollouts, RolloutsAhead
 from placement.groups import PlacementError
 from placement.plan import make_plan
 from rl.rollout import RolloutRunner
@@ -69,6 +70,8 @@ class Fleet:
         self.save_failed = False      # the last save failed: the next step saves again
         self.placed_at = None         # when the groups of the current actors were placed (time.time())
         self.killers = {}             # node id -> the NodeKiller waiting there (--chaos-kill-node)
+        # where each step's rollouts come from: generated in the step, or while the step before trained
+        self.rollouts = RolloutsAhead(self) if cfg.trainer.fully_async.enabled else Rollouts(self)
 
     # ---- start and stop ---------------------------------------------------------------------------
     def start(self, timeout_s: float | None = None) -> float:
@@ -166,9 +169,13 @@ class Fleet:
         # the checkpoint's adapter files land in its version's folder as the policy state is loaded
         self.trainer.load_state_dict(source.load_policy_state(step, adapter.path if adapter else
                                                               str(self.run_dir / "adapters" / "v0")))
-        if adapter:
-            self.engines.load_adapter(adapter)
         state.restore(trainer_state, adapter, adapters.exported_best(t.export_path, self.cfg.s3))
+        # the engines take the adapter the next rollouts are sampled with: one-step-off, the batch in flight's
+        rollout = self._rollout_adapter(state)
+        if rollout is not None and rollout.version != state.version:
+            source.load_rollout_adapter(step, rollout.path)
+        if rollout is not None:
+            self.engines.load_adapter(rollout)
         self.durable_step, self.save_failed = state.step, False
         return time.perf_counter() - started
 
@@ -184,6 +191,13 @@ class Fleet:
         self.engines.load_adapter(adapter)
         state.adapter = adapter
 
+    def _rollout_adapter(self, state: RunState) -> AdapterRef | None:
+        """The adapter the next rollouts are sampled with (None: the base)."""
+        version = state.rollout_version
+        if version == state.version:
+            return state.adapter
+        return AdapterRef(str(self.run_dir / "adapters" / f"v{version}"), version) if version else None
+
     def checkpoint(self, state: RunState, config_yaml: str) -> dict:
         """Save the full training state of `state.step`, in at most trainer.ckpt_timeout_s. A failed
         save is reported and the next step saves again; with trainer.fail_on_ckpt_error it stops the run."""
@@ -192,8 +206,11 @@ class Fleet:
         started = time.perf_counter()
         try:
             policy_state = self.trainer.state_dict()
+            rollout = self._rollout_adapter(state)  # one-step-off: the batch in flight's, when older
             ref = self.actors.checkpointer.save.remote(state.step, state.snapshot(self.total_steps, config_yaml),
-                                                       policy_state, state.adapter.path)
+                                                       policy_state, state.adapter.path,
+                                                       rollout.path if rollout and rollout.version != state.version
+                                                       else None)
             try:
                 info = ray.get(ref, timeout=t.ckpt_timeout_s)
             except GetTimeoutError:
@@ -260,7 +277,9 @@ class Fleet:
                       "time": time.time()}
             try:
                 hosts = set(self.actors.nodes.values()) if self.actors is not None else set()
+                self.rollouts.cancel()  # the batch in flight stops; the checkpoint says which to generate again
                 self.teardown()
+                self.rollouts.reset()
                 record["lost_nodes"] = sorted(settle_nodes(hosts))  # dead ones declared so: none of them is chosen
                 record["teardown_s"] = time.perf_counter() - started
                 record["placement_wait_s"] = self.start(timeout_s=t.placement.recovery_timeout_s)

@@ -72,7 +72,9 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int, timeout_s
     dtype = compute_dtype(device)
     policy, ref, engines, env_pool, checkpointer = [], [], [], None, None
     try:
-        engines = [ray.remote(VLLMEngine).options(**slot_options(groups, pool, i, slot, ns)).remote(
+        # one-step-off: an engine generating for minutes still answers status, memory and liveness calls
+        concurrency = {"max_concurrency": 2} if t.fully_async.enabled else {}
+        engines = [ray.remote(VLLMEngine).options(**slot_options(groups, pool, i, slot, ns), **concurrency).remote(
             model_path, device=device, rank=slot.rank, dtype=dtype, threads=threads, **engine_settings(cfg))
             for pool, i, slot in plan.slots("engine")]
         if g.inference_engine.backend == "vllm" and plan.use_gpu:

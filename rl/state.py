@@ -2,7 +2,9 @@
 hold, the data position and the best adapter so far by the validation set. Two things write it: a
 finished step (driver.grpo_step marks the step and adapter, and at an eval the best; the sampler
 moves as it hands out batches) and a restore from a checkpoint (controller.fleet.Fleet.restore),
-whose snapshot it is (the best adapter's record is its export's selection.json)."""
+whose snapshot it is (the best adapter's record is its export's selection.json). With one-step-off
+training it also holds the batch being generated for the next step (`ahead`), so that a checkpoint
+records what is in flight and a resume generates the same batch with the same adapter."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,6 +21,9 @@ class RunState:
     sampler: PromptSampler
     best: dict | None = None     # {"step", "validation", "eval"} of the adapter exported as <export_path>/best
     trackers: dict | None = None  # {tracker: run id} (MLflow, W&B): a resumed run continues the same runs
+    # one-step-off (controller/rollouts.py): the batch of step+1, drawn and being generated:
+    # {"adapter_version": what it is sampled with, "sampler": the dataloader's position before it was drawn}
+    ahead: dict | None = None
 
     @property
     def version(self) -> int:
@@ -26,8 +31,16 @@ class RunState:
 
     def snapshot(self, total_steps: int, config_yaml: str) -> dict:
         """The trainer_state.json of a checkpoint (this class is the one reader and writer of its fields)."""
-        return {"global_step": self.step, "adapter_version": self.version, "total_steps": total_steps,
+        snap = {"global_step": self.step, "adapter_version": self.version, "total_steps": total_steps,
                 "sampler": self.sampler.state_dict(), "config": config_yaml, "trackers": self.trackers or {}}
+        if self.ahead is not None:  # the position before the batch in flight: a resume draws it again
+            snap |= {"sampler": self.ahead["sampler"], "rollouts_ahead": {"adapter_version": self.ahead["adapter_version"]}}
+        return snap
+
+    @property
+    def rollout_version(self) -> int:
+        """The adapter version the next rollouts are sampled with."""
+        return self.ahead["adapter_version"] if self.ahead is not None else self.version
 
     @staticmethod
     def adapter_of(trainer_state: dict, adapters_dir: Path) -> AdapterRef | None:
@@ -43,8 +56,11 @@ class RunState:
         self.sampler.load_state_dict(trainer_state["sampler"])
         self.step, self.adapter, self.best = int(trainer_state["global_step"]), adapter, best
         self.trackers = trainer_state.get("trackers") or self.trackers  # none in checkpoints from before they were kept
+        ahead = trainer_state.get("rollouts_ahead")
+        self.ahead = None if ahead is None else {"adapter_version": int(ahead["adapter_version"]),
+                                                 "sampler": trainer_state["sampler"]}
 
     def reset(self) -> None:
         """Back to the start: step 0, the base model, the first batch of epoch 0, nothing queued for replay."""
-        self.step, self.adapter, self.best = 0, None, None
+        self.step, self.adapter, self.best, self.ahead = 0, None, None, None
         self.sampler.reset()

@@ -146,6 +146,18 @@ class AlgorithmConfig:
 
 
 @dataclass
+class FullyAsyncConfig:
+    """`trainer.fully_async`: SkyRL's keys for generation that overlaps training (controller/rollouts.py)."""
+    enabled: bool = setting(
+        False, "one-step-off: the engines generate the next step's rollouts, with the adapter one step behind, "
+               "while the shards train on this step's; needs engines that stay awake (colocate_all=false, or "
+               "generator.inference_engine.enable_sleep=false) and trainer.algorithm.use_tis")
+    max_staleness_steps: int = setting(
+        1, "adapter versions the rollouts may lag the trainer", at_least=1, at_most=1,
+        note="1 only: batches are generated one after another, so one more ahead would only wait in line")
+
+
+@dataclass
 class TrainerConfig:
     epochs: int = setting(20, "passes over the train set", **POSITIVE)
     train_batch_size: int = setting(8, "prompts a step", **POSITIVE)
@@ -199,6 +211,7 @@ class TrainerConfig:
     policy: PolicyConfig = section(PolicyConfig, "the trained policy")
     ref: RefConfig = section(RefConfig, "the KL term's reference")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantages, loss, KL")
+    fully_async: FullyAsyncConfig = section(FullyAsyncConfig, "rollouts generated while the shards train")
 
     def ref_source(self) -> str:
         """Who scores the KL term's reference: "none" without a KL loss, "policy" for the policy
@@ -351,6 +364,14 @@ class Config:
         if p.colocate_all and t.ref_source() == "shards" and p.ref_num_nodes * p.ref_num_gpus_per_node != policy_gpus:
             raise ConfigError("trainer.placement.colocate_all=true needs as many ref devices "
                               "(ref_num_nodes x ref_num_gpus_per_node) as policy devices")
+        if t.fully_async.enabled and p.colocate_all and g.inference_engine.enable_sleep:
+            raise ConfigError("trainer.fully_async.enabled generates while the shards train, so the engines cannot "
+                              "sleep: set trainer.placement.colocate_all=false (separate pools) or "
+                              "generator.inference_engine.enable_sleep=false (both awake on each device)")
+        if t.fully_async.enabled and not t.algorithm.use_tis:
+            raise ConfigError("trainer.fully_async.enabled trains on rollouts sampled with the adapter one step "
+                              "behind: set trainer.algorithm.use_tis=true (and use_rollout_logprobs=false), the "
+                              "loss's correction for it")
         if g.inference_engine.tensor_parallel_size > 1 and g.inference_engine.backend == "hf":
             raise ConfigError("generator.inference_engine.tensor_parallel_size > 1 needs backend=vllm")
         if t.algorithm.advantage_estimator in ("grpo", "rloo", "gigpo") and g.n_samples_per_prompt < 2:

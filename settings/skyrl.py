@@ -11,7 +11,7 @@ ENGINE_KEYS: dict[str, str] = {
     "pipeline_parallel_size": "pipeline parallelism is not implemented",
     "expert_parallel_size": "expert parallelism is not implemented",
     "data_parallel_size": "use generator.inference_engine.num_engines",
-    "async_engine": "not implemented (rollouts and training take turns)",
+    "async_engine": "one-step-off training is trainer.fully_async; the engines take a turn's requests as one batch",
     "vllm_v1_disable_multiproc": "use generator.inference_engine.engine_init_kwargs",
     "enable_prefix_caching": "use generator.inference_engine.engine_init_kwargs",
     "enable_chunked_prefill": "use generator.inference_engine.engine_init_kwargs",
@@ -89,7 +89,8 @@ _OTHER_KEYS: dict[str, str] = {
 
 # SkyRL's keys since its dataclass config, beside the ones above
 NEWER_KEYS: dict[str, str] = {
-    "trainer.fully_async": "one-step-off training is not implemented (generation and training take turns)",
+    "trainer.fully_async.num_parallel_generation_workers": "one generation stream: every live episode of a turn "
+                                                           "goes to the engines in one batch",
     "trainer.log_path": "logs go to trainer.run_dir and Ray's session folder",
     "trainer.rope_scaling": "the model's own rotary settings are used",
     "trainer.rope_theta": "the model's own rotary settings are used",

@@ -105,11 +105,15 @@ def exported_steps(export_path: str, s3_cfg=None) -> list[int]:
                   if re.fullmatch(r"global_step_\d+", d))
 
 
-def prune_versions(folder: Path, keep: int) -> None:
-    """Remove all but the newest `keep` synced versions (v1, v2, ...) in a run's adapters/ folder."""
+def prune_versions(folder: Path, keep: int, current: int) -> None:
+    """Keep the `keep` versions up to `current` in a run's adapters/ folder (v1, v2, ...); remove the
+    older ones, and any newer one: left by steps a recovery went back on, it would crowd out a
+    version still in use (one-step-off samples with the one before `current`)."""
     versions = sorted(int(p.name[1:]) for p in folder.glob("v*") if p.name[1:].isdigit())
-    for v in versions[:-keep]:
-        shutil.rmtree(folder / f"v{v}", ignore_errors=True)
+    kept = [v for v in versions if v <= current][-keep:]
+    for v in versions:
+        if v not in kept:
+            shutil.rmtree(folder / f"v{v}", ignore_errors=True)
 
 
 def publish(source: str, prefix: str, name: str, provenance: dict, force: bool = False, s3_cfg=None) -> str:

@@ -173,3 +173,52 @@ def test_the_checkpoint_interval_hint_follows_the_mttf_over_three_rule():
     hint = fleet.interval_hint(97.0)
     assert "every 120 min" in hint and "74 steps of 97.0 s" in hint and "trainer.ckpt_interval is 20" in hint
     assert Fleet.interval_hint(SimpleNamespace(cfg=load_config(None, [])), 97.0) is None
+
+
+def test_one_step_off_state_round_trips_with_the_older_adapter_it_samples_with(tmp_path):
+    """A checkpoint of one-step-off training records the batch in flight: the sampler's position before
+    it was drawn and the adapter version it is sampled with, whose files it keeps (checksummed) when
+    they are not the policy's; restoring gives the same record back."""
+    from safetensors.torch import load_file
+
+    from rl.sampler import PromptSampler
+    from rl.state import RunState
+    from storage.adapters import AdapterRef
+    from tests.helpers import fake_adapter
+
+    rows = [{"seed": i, "env_id": "maze_2d/easy"} for i in range(8)]
+    state = RunState(3, AdapterRef(fake_adapter(tmp_path / "adapters" / "v3", 3), 3), PromptSampler(rows, 2, 0))
+    state.sampler.next_batch()
+    before = state.sampler.state_dict()
+    state.sampler.next_batch()  # the batch of step 4, in flight
+    state.ahead = {"adapter_version": 2, "sampler": before}
+    snap = state.snapshot(4, "config")
+    assert snap["sampler"] == before and snap["rollouts_ahead"] == {"adapter_version": 2} and state.rollout_version == 2
+    ck = Checkpointer(str(tmp_path / "ckpts"))
+    ck.save(3, snap, fake_state(3), state.adapter.path, fake_adapter(tmp_path / "adapters" / "v2", 2))
+    ck.load_rollout_adapter(3, str(tmp_path / "restored-v2"))
+    assert float(load_file(str(tmp_path / "restored-v2" / "adapter_model.safetensors"))
+                 ["base_model.model.x.lora_A.weight"][0, 0]) == 2.0
+    fresh = RunState(0, None, PromptSampler(rows, 2, 0))
+    fresh.restore(ck.load_trainer_state(3), state.adapter)
+    assert fresh.ahead == state.ahead and fresh.sampler.state_dict() == before
+    fresh.reset()
+    assert fresh.ahead is None and fresh.rollout_version == 0
+    blob = tmp_path / "ckpts" / "global_step_3" / "rollout_policy" / "adapter_model.safetensors"
+    blob.write_bytes(blob.read_bytes()[:-2] + b"xy")
+    assert "rollout_policy/adapter_model.safetensors does not match" in ck.verify(3)
+
+
+def test_adapter_versions_left_by_steps_a_recovery_went_back_on_are_pruned(tmp_path):
+    """Back at step 1 after a recovery, v2 and v3 of the lost steps must not crowd out v1 (the version
+    one-step-off samples the next batch with)."""
+    from storage.adapters import prune_versions
+    from tests.helpers import fake_adapter
+    for v in (1, 2, 3):
+        fake_adapter(tmp_path / f"v{v}", v)
+    prune_versions(tmp_path, keep=2, current=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1"]
+    for v in (2, 3, 4):
+        fake_adapter(tmp_path / f"v{v}", v)
+    prune_versions(tmp_path, keep=2, current=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v3", "v4"]

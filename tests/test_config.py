@@ -130,6 +130,11 @@ def test_wrong_types_name_key_and_expected_type(override, words):
      ["trainer.policy.fsdp_config.fsdp_size=3", "divide the policy's 2 devices"]),
     (["trainer.ref.fsdp_config.fsdp_size=0"], ["trainer.ref.fsdp_config.fsdp_size=0", "-1 (every device)"]),
     (["trainer.ref.fsdp_config.record_collectives=true"], ["trainer.policy.fsdp_config.record_collectives=true"]),
+    # one-step-off: engines that sleep while the shards train cannot generate then; the stale sampler needs TIS
+    (["trainer.fully_async.enabled=true", "trainer.algorithm.use_tis=true", "trainer.algorithm.use_rollout_logprobs=false"],
+     ["cannot sleep", "colocate_all=false", "enable_sleep=false"]),
+    (["trainer.fully_async.enabled=true", "trainer.placement.colocate_all=false"], ["use_tis=true", "one step"]),
+    (["trainer.fully_async.max_staleness_steps=2"], ["max_staleness_steps", "between 1 and 1", "1 only"]),
 ])
 def test_cross_field_and_choice_checks(overrides, words):
     with pytest.raises(ConfigError) as e:

@@ -10,14 +10,22 @@ from tests.helpers import logged_steps, run_driver, signal_at_steps, tiny_run_ar
 pytestmark = pytest.mark.slow  # a system test: see setup.cfg's markers
 
 VOLATILE = ("timing/", "time", "ckpt/", "sync/adapter_load_s", "generate/tokens_per_s", "generate/total_tokens_per_s",
-            "generate/episodes_per_min", "recovery/", "memory/")
+            "generate/episodes_per_min", "recovery/", "memory/", "async/generate_s", "async/wait_s")
+# one-step-off (controller/rollouts.py): the engines generate the next batch while the shards train
+ONE_STEP_OFF = ["trainer.fully_async.enabled=true", "trainer.placement.colocate_all=false",
+                "trainer.algorithm.use_tis=true", "trainer.algorithm.use_rollout_logprobs=false"]
+SCHEDULES = pytest.mark.parametrize("schedule", [[], ONE_STEP_OFF], ids=["synchronous", "one-step-off"])
 
 
 def tiny(model_dir, run):
-    """The e2e run, four steps long, evaluated and checkpointed every second step (later keys win)."""
+    """The e2e run, four steps long, evaluated and checkpointed every second step (later keys win). The
+    random tiny model never solves a maze: the penalty on turns that go nowhere gives its groups
+    different scores, so every step changes the adapter."""
     return tiny_run_args(model_dir, run) + ["data.train_size=8", "trainer.hf_save_interval=100",
                                             "trainer.eval_interval=2", "trainer.ckpt_interval=2",
-                                            "generator.sampling_params.temperature=1.5"]
+                                            "generator.sampling_params.temperature=1.5",
+                                            "trainer.algorithm.gigpo.stay_penalty=0.5",
+                                            "trainer.policy.optimizer_config.lr=0.01"]
 
 
 def stable(history):
@@ -38,17 +46,30 @@ def assert_same_history(whole, parts):
             assert abs(x[k] - y[k]) <= 1e-4 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
 
 
-def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tmp_path, monkeypatch):
-    """...and its MLflow run continues: one run in the run folder's store, every step's numbers in it."""
+@SCHEDULES
+def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tmp_path, monkeypatch, schedule):
+    """...and its MLflow run continues: one run in the run folder's store, every step's numbers in it.
+    One-step-off, the checkpoint records step 3's batch, sampled with adapter v1 (whose files it keeps),
+    and the resume generates that batch again with it."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     trackers = ["trainer.logger=[tensorboard,mlflow]"]
-    assert run_driver(tiny(tiny_model_dir, whole)).returncode == 0
-    first = run_driver(tiny(tiny_model_dir, parts) + trackers + ["trainer.stop_after_step=2"])
+    assert run_driver(tiny(tiny_model_dir, whole) + schedule).returncode == 0
+    first = run_driver(tiny(tiny_model_dir, parts) + schedule + trackers + ["trainer.stop_after_step=2"])
     assert first.returncode == 0 and "stopping after step 2" in first.stderr + first.stdout
-    second = run_driver(tiny(tiny_model_dir, parts) + trackers)
+    second = run_driver(tiny(tiny_model_dir, parts) + schedule + trackers)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resumed from" in second.stdout and "at step 2" in second.stdout
     assert_same_history(whole, parts)
+    assert all(h["policy/grad_norm"] > 0 for h in read(whole)[1:])  # every step trained
+    saved = json.loads((parts / "ckpts" / "global_step_2" / "trainer_state.json").read_text())
+    if schedule:
+        assert [h["async/staleness"] for h in read(whole)[1:]] == [0, 1, 1, 1]
+        assert all(h["policy/rollout_logprob_diff"] > 1e-3 for h in read(whole)[2:])  # the gap TIS corrects
+        assert saved["rollouts_ahead"] == {"adapter_version": 1}
+        assert (parts / "ckpts" / "global_step_2" / "rollout_policy" / "adapter_model.safetensors").is_file()
+        assert "step 3's rollouts again with adapter v1" in second.stdout
+    else:
+        assert "rollouts_ahead" not in saved and "async/staleness" not in read(whole)[1]
     wa = load_file(str(whole / "ckpts" / "global_step_4" / "policy" / "adapter_model.safetensors"))
     wb = load_file(str(parts / "ckpts" / "global_step_4" / "policy" / "adapter_model.safetensors"))
     assert all((wa[k] - wb[k]).abs().max() < 1e-5 for k in wa)
@@ -70,11 +91,13 @@ def tensorboard_steps(run, tag="reward/avg_raw_reward"):
     return [e.step for e in acc.Scalars(tag)]
 
 
-def test_killed_actors_are_rebuilt_even_when_a_second_fault_hits_the_recovery(tiny_model_dir, tmp_path):
+@SCHEDULES
+def test_killed_actors_are_rebuilt_even_when_a_second_fault_hits_the_recovery(tiny_model_dir, tmp_path, schedule):
     """A random actor dies after steps 2 and 4, and the EnvPool dies again while the first recovery
-    rebuilds: the second fault is one more restart, and every step is logged exactly once."""
+    rebuilds: the second fault is one more restart, and every step is logged exactly once. One-step-off,
+    the kills come while the next batch is being generated."""
     run = tmp_path / "chaos"
-    out = run_driver(tiny(tiny_model_dir, run) + ["--chaos-kill-every", "2", "--chaos-method", "mixed",
+    out = run_driver(tiny(tiny_model_dir, run) + schedule + ["--chaos-kill-every", "2", "--chaos-method", "mixed",
                                                   "--chaos-in-recovery", "data.train_size=12",
                                                   "trainer.ckpt_interval=3", "trainer.max_restarts=4"])
     assert out.returncode == 0, out.stderr[-3000:]
@@ -93,7 +116,8 @@ def test_killed_actors_are_rebuilt_even_when_a_second_fault_hits_the_recovery(ti
     assert "RECOVERY" in out.stdout
 
 
-def test_a_killed_driver_and_a_corrupt_checkpoint_resume_without_repeating_a_step(tiny_model_dir, tmp_path):
+@SCHEDULES
+def test_a_killed_driver_and_a_corrupt_checkpoint_resume_without_repeating_a_step(tiny_model_dir, tmp_path, schedule):
     """SIGKILL of the driver after step 3 (checkpoint 2), rerun; then the newest checkpoint corrupted,
     rerun: each time every step is logged once, and steps up to the checkpoint keep the first run's values."""
     import os
@@ -104,7 +128,7 @@ def test_a_killed_driver_and_a_corrupt_checkpoint_resume_without_repeating_a_ste
 
     from tests.helpers import ROOT
     run = tmp_path / "run"
-    args = tiny(tiny_model_dir, run)
+    args = tiny(tiny_model_dir, run) + schedule
     proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
@@ -166,7 +190,9 @@ def test_checkpoint_store_faults_are_bounded_retried_and_reported(tiny_model_dir
     assert "last durable checkpoint is step 4" in err and "solve rate: baseline" not in out
 
 
-def test_sigterm_saves_the_state_exits_75_and_the_rerun_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
+@SCHEDULES
+def test_sigterm_saves_the_state_exits_75_and_the_rerun_equals_an_uninterrupted_run(tiny_model_dir, tmp_path,
+                                                                                     schedule):
     """A spot reclaim or a pod deletion: SIGTERM to the driver mid-run. The step in flight is abandoned
     (before its update) or finished, the state is saved within trainer.preemption_timeout_s, the driver
     exits 75; the same command resumes, and the run is the uninterrupted one, each step logged once."""
@@ -179,7 +205,7 @@ def test_sigterm_saves_the_state_exits_75_and_the_rerun_equals_an_uninterrupted_
     from actors.checkpointer import Checkpointer
     from tests.helpers import ROOT
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    rare = ["trainer.ckpt_interval=100", "trainer.preemption_timeout_s=60"]  # no checkpoint but the last's
+    rare = ["trainer.ckpt_interval=100", "trainer.preemption_timeout_s=60"] + schedule  # no checkpoint but the last's
     assert run_driver(tiny(tiny_model_dir, whole) + rare).returncode == 0
     args = tiny(tiny_model_dir, parts) + rare
     proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
