@@ -252,10 +252,8 @@ def resume(run: Run, fleet, state, resume_at: int | None):
     t = run.cfg.trainer
     restore_s = fleet.restore(state, t.resume_mode, resume_at)
     if restore_s is not None:
-        ahead = (f"; step {state.step + 1}'s rollouts again with adapter v{state.rollout_version}"
-                 if state.ahead is not None else "")
         print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {state.step} "
-              f"(adapter v{state.version}) in {restore_s:.1f}s{ahead}", flush=True)
+              f"(adapter v{state.version}) in {restore_s:.1f}s{state.in_flight_note()}", flush=True)
     log = RunLog(str(run.dir), keep_through_step=state.step if restore_s is not None else -1, logger=t.logger,
                  project=t.project_name, run_name=t.run_name, config=asdict(run.cfg), tracker_ids=state.trackers)
     state.trackers = log.tracker_ids()  # kept with every checkpoint from here on

@@ -21,6 +21,12 @@ A ring over several nodes is as slow as its node-to-node hops, each of which car
 sends. Time: bytes over each link's bandwidth, added to the compute (no overlap: the upper bound) or
 hidden behind the training compute (full overlap: the lower bound); the table gives both.
 
+Schedules (issue 52): with the base whole, the step's compute is split into generate (G s) and
+train (T s) on each of the n GPUs. Colocated and synchronous a step takes G + T; one-step-off with
+both awake on every GPU at best max(G, T) (if the two did not slow each other on a GPU: a bound, not
+a measurement); separate pools of e engine GPUs and t shard GPUs take G n/e + T n/t in turn, or
+max(G n/e, T n/t) one-step-off. The second table gives each, with its GPU-hours.
+
 Compute (one H200, bench/README.md "The 8B shape on one GPU"): training at the measured 33% MFU of
 989 TFLOP/s bf16, 6 x 8.77B FLOPs a trained token (forward, backward through activations, gradient
 checkpointing's second forward), 2 x 8.77B a scored one; generation at the measured 6,088 tokens/s
@@ -93,6 +99,21 @@ def compute_seconds(p: dict, tokens_per_seq: float, answer_tokens: float, turns:
     return {"train": train, "generate": generate}
 
 
+def schedules(generate: float, train: float, gpus: int) -> list[tuple[str, int, float]]:
+    """(schedule, GPUs held, seconds a step) for `gpus` GPUs whose step computes `generate` then `train`
+    seconds on each of them, colocated or in separate pools of engine and shard GPUs."""
+    rows = [("colocated, synchronous", gpus, generate + train),
+            ("colocated, one-step-off (both awake; a bound)", gpus, max(generate, train))]
+    for engines in range(1, gpus // 2 + 1):
+        g, t = generate * gpus / engines, train * gpus / (gpus - engines)
+        rows.append((f"separate {gpus - engines} + {engines}, synchronous", gpus, g + t))
+        rows.append((f"separate {gpus - engines} + {engines}, one-step-off", gpus, max(g, t)))
+    for engines in (1, 2):  # engine GPUs added beside the shards' own
+        rows.append((f"{gpus} shard GPUs + {engines} engine GPUs, one-step-off", gpus + engines,
+                     max(generate * gpus / engines, train)))
+    return rows
+
+
 def check_against(measured_path: Path) -> None:
     """The formulas against bench/comm.py's counts on the local cluster (fp32 there: a gather moves
     the LoRA weights whole), the micro-batches read off the full shard's reduce-scatters."""
@@ -148,6 +169,11 @@ def main(argv=None) -> int:
             print(f"| {node_name} | {gpu_name} | " + " | ".join(cells) + " |")
     picks = {min(v)[1] for v in best.values()}
     print(f"fastest design (upper bound) on every link pair: fsdp_size={sorted(picks)}")
+    print(f"\nschedules, the base whole (its bytes left out), {args.steps} steps:\n"
+          "| schedule | GPUs | s a step | GPU-h |\n|---|---|---|---|")
+    for name, gpus, step in schedules(c["generate"], c["train"], p["shards"]):
+        hours = gpus * args.steps * step / 3600
+        print(f"| {name} | {gpus} | {step:.1f} | {hours:.1f}" + (f" (${hours * args.rate:,.0f})" if args.rate else "") + " |")
     return 0
 
 

@@ -302,9 +302,10 @@ class Fleet:
             record |= {"ok": True, "resumed_from": state.step, "steps_lost": completed - state.step,
                        "rebuild_s": time.perf_counter() - started}
             self._append("recoveries.jsonl", record)
-            print(f"RECOVERY {self.restarts}: resumed at step {state.step}; {record['steps_lost']} step(s) done "
-                  f"since that checkpoint are lost and redone ({record['rebuild_s']:.1f}s, of which "
-                  f"{record['placement_wait_s']:.1f}s waiting for the cluster)", flush=True)
+            print(f"RECOVERY {self.restarts}: resumed at step {state.step}{state.in_flight_note()}; "
+                  f"{record['steps_lost']} step(s) done since that checkpoint are lost and redone "
+                  f"({record['rebuild_s']:.1f}s, of which {record['placement_wait_s']:.1f}s waiting for the cluster)",
+                  flush=True)
             return record
 
     def step_done_after_recovery(self, record: dict) -> dict:

@@ -37,6 +37,12 @@ class RunState:
             snap |= {"sampler": self.ahead["sampler"], "rollouts_ahead": {"adapter_version": self.ahead["adapter_version"]}}
         return snap
 
+    def in_flight_note(self) -> str:
+        """What a resume generates again, for its message ("" when nothing was in flight)."""
+        if self.ahead is None:
+            return ""
+        return f"; step {self.step + 1}'s rollouts again with adapter v{self.rollout_version}"
+
     @property
     def rollout_version(self) -> int:
         """The adapter version the next rollouts are sampled with."""

@@ -228,6 +228,36 @@ def test_lost_nodes_are_replaced_and_the_run_finishes(cluster, platform, s3_serv
     assert store.find_latest() == (6, [])
 
 
+def test_one_step_off_on_nodes_of_their_own_survives_losing_the_shards_node(cluster, platform, tmp_path):
+    """Separate pools on separate nodes (the two policy shards fill one node's device slots, the two
+    engines the other's), one-step-off: the engines generate the next batch while the shards train.
+    The shards' node is killed mid-update: the run rebuilds on the replacement, restores step 2's
+    checkpoint, generates again the batch in flight it records (with the adapter it names), and logs
+    every step once, one adapter version behind throughout."""
+    run = tmp_path / "run"
+    args = run_args(run) + SMALL + [
+        "trainer.placement.colocate_all=false", "trainer.placement.policy_num_gpus_per_node=2",
+        "trainer.placement.ref_num_gpus_per_node=2", "generator.inference_engine.num_engines=2",
+        "trainer.placement.device_resource=visrl_device", "trainer.placement.cpus_per_bundle=1",
+        "trainer.fully_async.enabled=true", "trainer.algorithm.use_tis=true",
+        "trainer.algorithm.use_rollout_logprobs=false", "data.train_size=20", "trainer.ckpt_interval=2",
+        "trainer.placement.recovery_timeout_s=300"]
+    out = subprocess.run([sys.executable, "driver.py", "--chaos-kill-node", "train@3", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=1200, env=cluster.env())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    steps = history(run)
+    assert [h["step"] for h in steps] == list(range(6))  # every step exactly once
+    assert [h["async/staleness"] for h in steps[1:]] == [0, 1, 1, 1, 1]
+    [recovered] = [json.loads(line) for line in (run / "recoveries.jsonl").read_text().splitlines()
+                   if json.loads(line)["ok"]]
+    assert recovered["failed_step"] == 3 and recovered["resumed_from"] == 2 and recovered["steps_lost"] == 0
+    assert "step 3's rollouts again with adapter v1" in out.stdout
+    placed = json.loads((run / "placement.json").read_text())["actors"]  # as placed after the rebuild
+    shards = {placed["FSDPPolicyShard-0"], placed["FSDPPolicyShard-1"]}
+    engines = {placed["VLLMEngine-0"], placed["VLLMEngine-1"]}
+    assert len(shards) == len(engines) == 1 and not shards & engines
+
+
 def test_a_stopped_job_saves_its_state_and_the_job_resubmitted_resumes(cluster, repo_copy, tmp_path):
     """`ray job stop` sends the driver SIGTERM, as a RayJob's deletion or a preemption does. Given
     time (the job's RAY_JOB_STOP_WAIT_TIME_S above trainer.preemption_timeout_s; Ray's default is 3 s

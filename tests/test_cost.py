@@ -58,3 +58,16 @@ def test_the_step_model_counts_the_reference_runs_passes_and_each_designs_bytes(
     hybrid = design_bytes(2, 6, 2, w, 2.0, 2)
     assert hybrid["across"] == pytest.approx(2 * 2 * 1.0 * 2 / 3)
     assert hybrid["across"] < whole["across"] < full["across"]
+
+
+def test_the_step_model_times_each_schedule_by_its_pools():
+    """Colocated, a step is generate + train on every GPU; one-step-off at best the longer of the two;
+    separate pools scale each phase by the GPUs it has, in turn or side by side."""
+    from bench.step_model import schedules
+    rows = {name: (gpus, step) for name, gpus, step in schedules(generate=10.0, train=30.0, gpus=6)}
+    assert rows["colocated, synchronous"] == (6, 40.0)
+    assert rows["colocated, one-step-off (both awake; a bound)"] == (6, 30.0)
+    assert rows["separate 4 + 2, synchronous"] == (6, pytest.approx(10 * 3 + 30 * 1.5))
+    assert rows["separate 4 + 2, one-step-off"] == (6, pytest.approx(45.0))  # the shards' 4 GPUs bound it
+    assert rows["6 shard GPUs + 2 engine GPUs, one-step-off"] == (8, pytest.approx(30.0))
+    assert len([r for r in rows if r.startswith("separate")]) == 6  # 5+1, 4+2, 3+3, each both ways
