@@ -207,6 +207,7 @@ def train(cfg: Config, chaos=None) -> int:
         fit(run, fleet, state, log, pending, preemption)
         return finish(run, fleet, state, log, preemption)
     finally:
+        fleet.rollouts.cancel()  # one-step-off: a batch still in flight stops at its next turn
         drain.driver_stopped(run.id)
 
 

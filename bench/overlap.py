@@ -2,7 +2,7 @@
 
     python bench/overlap.py                          # a local cluster: engines and shards on their own nodes
     python bench/overlap.py --here trainer.device=cuda             # this machine's own Ray (one GPU)
-    python bench/overlap.py --here trainer.device=cuda --model DIR # another base (bench/gpu_scale.py builds 8B)
+    python bench/overlap.py --here --shape 8b                      # gpu_scale.py's 8B shape and short workload
 
 Schedules (the same loss in all three: old log-probs recomputed by the trainer, truncated importance
 sampling toward the engines', so only the schedule differs):
@@ -15,7 +15,9 @@ colocated run's bundle takes both CPUs of one node, and the separate runs' engin
 each on nodes of their own. With --here on one GPU there is no second device: "separate" is the
 engine and the shards as separate processes on the one GPU, both awake (enable_sleep=false).
 
-Each run is the default config (or --model's) for --steps steps, no eval, no checkpoint but the last.
+Each run is the default config for --steps steps, no eval, no checkpoint but the last; with --shape,
+bench/gpu_scale.py's random-weight model of that shape, built on the GPU, and its `short` workload
+(LoRA r32, 8 prompts x 8 samples x 5 turns x 16 new tokens).
 Columns, means over the steps after the first: seconds a step, steps an hour, the share of a step
 each pool is busy (engines: the batch's generation, in the step or beside it; shards: reference
 scoring and update), and the time a step waits for its rollouts.
@@ -96,15 +98,22 @@ def table(results: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--batch", type=int, default=16, help="prompts a step (the default's)")
+    ap.add_argument("--batch", type=int, help="prompts a step (default: the default config's 16, or the shape's)")
     ap.add_argument("--here", action="store_true", help="this machine's own Ray instead of a local cluster")
-    ap.add_argument("--model", help="trainer.policy.model.path (default: the shipped base)")
+    ap.add_argument("--shape", choices=["2b", "8b"], help="bench/gpu_scale.py's model and workload (a GPU)")
     ap.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
     ap.add_argument("--out", type=Path, help="runs and the cluster's files (default: a temporary folder)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="visrl-overlap-"))
-    extra = list(args.overrides) + ([f"trainer.policy.model.path={args.model}"] if args.model else [])
+    extra, batch = list(args.overrides), args.batch or 16
+    if args.shape:
+        from bench.gpu_scale import WORKLOADS, build, workload
+        model = out / f"model-{args.shape}"
+        if not (model / "config.json").exists():
+            build(args.shape, model)
+        extra = workload(model, out / "unused", 1) + extra  # its run folders and sizes are overridden below
+        batch = args.batch or WORKLOADS["short"][0]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     cluster = None
     if not args.here:
@@ -117,13 +126,13 @@ def main(argv=None) -> int:
     try:
         for name in args.schedules:
             schedule = (SCHEDULES[name] + ON_CLUSTER[name]) if cluster else ONE_DEVICE[name]
-            results[name] = summary(run_schedule(name, schedule + extra, args.steps, out, env, args.batch))
+            results[name] = summary(run_schedule(name, schedule + extra, args.steps, out, env, batch))
             print(f"{name}: {json.dumps({k: round(v, 3) for k, v in results[name].items()})}", flush=True)
     finally:
         if cluster:
             cluster.down()
     where = "a local cluster, two worker nodes" if cluster else "this machine"
-    print(f"{where}; {os.cpu_count()} CPUs; {args.steps} steps of {args.batch} prompts a schedule; "
+    print(f"{where}; {os.cpu_count()} CPUs; {args.steps} steps of {batch} prompts a schedule; "
           f"overrides: {' '.join(extra) or 'none'}")
     print(table(results))
     (out / "overlap.json").write_text(json.dumps(results, indent=1))

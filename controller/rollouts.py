@@ -106,8 +106,8 @@ class RolloutsAhead(Rollouts):
             state.ahead = {"adapter_version": state.version, "sampler": state.sampler.state_dict()}
             if step < last:  # a run stopping here records the batch, and its resume generates it
                 self._start(step + 1, state)
-        metrics = {"async/staleness": state.version - info["version"], "async/generate_s": info["seconds"],
-                   "async/wait_s": phases.seconds["generate"]}
+        # timing/generate is the wait for the batch; async/generate_s its generation, done mostly while the last step trained
+        metrics = {"async/staleness": state.version - info["version"], "async/generate_s": info["seconds"]}
         return episodes, info["epoch"], {"seconds": info["seconds"], "metrics": metrics}
 
     def _start(self, step: int, state) -> None:
