@@ -116,8 +116,7 @@ def test_killed_actors_are_rebuilt_even_when_a_second_fault_hits_the_recovery(ti
     assert "RECOVERY" in out.stdout
 
 
-@SCHEDULES
-def test_a_killed_driver_and_a_corrupt_checkpoint_resume_without_repeating_a_step(tiny_model_dir, tmp_path, schedule):
+def test_a_killed_driver_and_a_corrupt_checkpoint_resume_without_repeating_a_step(tiny_model_dir, tmp_path):
     """SIGKILL of the driver after step 3 (checkpoint 2), rerun; then the newest checkpoint corrupted,
     rerun: each time every step is logged once, and steps up to the checkpoint keep the first run's values."""
     import os
@@ -128,7 +127,7 @@ def test_a_killed_driver_and_a_corrupt_checkpoint_resume_without_repeating_a_ste
 
     from tests.helpers import ROOT
     run = tmp_path / "run"
-    args = tiny(tiny_model_dir, run) + schedule
+    args = tiny(tiny_model_dir, run)
     proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
