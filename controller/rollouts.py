@@ -43,8 +43,8 @@ class Rollouts:
     def take(self, step: int, state, phases, preemption) -> tuple[list, int, dict]:
         """(the step's episodes, their epoch, {"seconds": generation time, "metrics": ...})."""
         g = self.fleet.cfg.generator
+        self.drawn_from = state.sampler.state_dict()  # before the phase: a SIGTERM may abandon the step as it starts
         with phases("sample"):
-            self.drawn_from = state.sampler.state_dict()
             rows, epoch = state.sampler.next_batch()
             tasks = rollout_tasks(rows, step, g.n_samples_per_prompt)
         with phases("wake"):
