@@ -42,13 +42,17 @@ def test_alert_rules_pass_promtool():
 
 def train_with_failing_uploads(cluster: LocalCluster, store, run: Path) -> subprocess.CompletedProcess:
     """A short run on the cluster checkpointing every step to S3; the S3 server is stopped (SIGSTOP)
-    through the saves of steps 2 and 3, so two uploads fail after trainer.ckpt_timeout_s."""
+    through the saves of steps 2 and 3, so two uploads fail after trainer.ckpt_timeout_s. It trains
+    one-step-off (the engine and the shard awake side by side on the one device), so the async/*
+    series are exported too."""
     args = [f"trainer.run_dir={run}", f"data.dataset_dir={run}/data", f"trainer.export_path={run}/exports",
             f"trainer.run_name={RUN_NAME}", "trainer.ckpt_path=s3://metrics/ckpts", f"s3.endpoint_url={store.url}",
             "s3.timeout_s=1", "s3.max_attempts=1", "trainer.ckpt_timeout_s=4", "trainer.ckpt_interval=1",
             "trainer.train_batch_size=4", "trainer.policy_mini_batch_size=4", "generator.n_samples_per_prompt=4",
             "data.train_size=32", "data.eval_size=4", "trainer.eval_interval=4", "trainer.hf_save_interval=100",
-            "trainer.placement.device_resource=visrl_device"]
+            "trainer.placement.device_resource=visrl_device", "trainer.fully_async.enabled=true",
+            "generator.inference_engine.enable_sleep=false", "trainer.algorithm.use_tis=true",
+            "trainer.algorithm.use_rollout_logprobs=false"]
     proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=cluster.env())
     try:
