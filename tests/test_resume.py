@@ -28,6 +28,21 @@ def tiny(model_dir, run):
                                             "trainer.policy.optimizer_config.lr=0.01"]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, tmp_path_factory):
+    """The tiny run from start to end under a schedule, run once for the tests that compare with it
+    (checkpoints do not change what a run logs, so each test may save at its own interval)."""
+    runs = {}
+
+    def run_of(schedule):
+        if tuple(schedule) not in runs:
+            run = tmp_path_factory.mktemp("whole") / "run"
+            assert run_driver(tiny(tiny_model_dir, run) + schedule).returncode == 0
+            runs[tuple(schedule)] = run
+        return runs[tuple(schedule)]
+    return run_of
+
+
 def stable(history):
     return [{k: v for k, v in h.items() if not k.startswith(VOLATILE)} for h in history]
 
@@ -47,13 +62,13 @@ def assert_same_history(whole, parts):
 
 
 @SCHEDULES
-def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tmp_path, monkeypatch, schedule):
+def test_stopped_and_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, tmp_path, uninterrupted, monkeypatch,
+                                                           schedule):
     """...and its MLflow run continues: one run in the run folder's store, every step's numbers in it.
     One-step-off, the checkpoint records step 3's batch, sampled with adapter v1 (whose files it keeps),
     and the resume generates that batch again with it."""
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    whole, parts = uninterrupted(schedule), tmp_path / "parts"
     trackers = ["trainer.logger=[tensorboard,mlflow]"]
-    assert run_driver(tiny(tiny_model_dir, whole) + schedule).returncode == 0
     first = run_driver(tiny(tiny_model_dir, parts) + schedule + trackers + ["trainer.stop_after_step=2"])
     assert first.returncode == 0 and "stopping after step 2" in first.stderr + first.stdout
     second = run_driver(tiny(tiny_model_dir, parts) + schedule + trackers)
@@ -191,7 +206,7 @@ def test_checkpoint_store_faults_are_bounded_retried_and_reported(tiny_model_dir
 
 @SCHEDULES
 def test_sigterm_saves_the_state_exits_75_and_the_rerun_equals_an_uninterrupted_run(tiny_model_dir, tmp_path,
-                                                                                     schedule):
+                                                                                     uninterrupted, schedule):
     """A spot reclaim or a pod deletion: SIGTERM to the driver mid-run. The step in flight is abandoned
     (before its update) or finished, the state is saved within trainer.preemption_timeout_s, the driver
     exits 75; the same command resumes, and the run is the uninterrupted one, each step logged once."""
@@ -203,9 +218,8 @@ def test_sigterm_saves_the_state_exits_75_and_the_rerun_equals_an_uninterrupted_
 
     from actors.checkpointer import Checkpointer
     from tests.helpers import ROOT
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    whole, parts = uninterrupted(schedule), tmp_path / "parts"
     rare = ["trainer.ckpt_interval=100", "trainer.preemption_timeout_s=60"] + schedule  # no checkpoint but the last's
-    assert run_driver(tiny(tiny_model_dir, whole) + rare).returncode == 0
     args = tiny(tiny_model_dir, parts) + rare
     proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
