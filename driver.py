@@ -127,7 +127,7 @@ def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
     # 7. weight sync: adapter v+1 written atomically to shared storage; the engines load it now, or
     #    one-step-off, as the next batch starts
     with phases("sync"):
-        adapter = adapters.AdapterRef(str(run.dir / "adapters" / f"v{state.version + 1}"), state.version + 1)
+        adapter = adapters.version_ref(run.dir / "adapters", state.version + 1)
         fleet.trainer.save_adapter(adapter.path)
     fleet.rollouts.publish(adapter, phases)
     adapters.prune_versions(run.dir / "adapters", keep=2, current=adapter.version)

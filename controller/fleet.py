@@ -186,7 +186,7 @@ class Fleet:
         if self.start_from is None:
             return
         self.trainer.load_adapter_weights(adapters.read_weights(self.start_from, self.cfg.s3))
-        adapter = AdapterRef(str(self.run_dir / "adapters" / "v1"), 1)
+        adapter = adapters.version_ref(self.run_dir / "adapters", 1)
         self.trainer.save_adapter(adapter.path)
         self.engines.load_adapter(adapter)
         state.adapter = adapter
@@ -196,7 +196,7 @@ class Fleet:
         version = state.rollout_version
         if version == state.version:
             return state.adapter
-        return AdapterRef(str(self.run_dir / "adapters" / f"v{version}"), version) if version else None
+        return adapters.version_ref(self.run_dir / "adapters", version)
 
     def checkpoint(self, state: RunState, config_yaml: str) -> dict:
         """Save the full training state of `state.step`, in at most trainer.ckpt_timeout_s. A failed

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from rl.rollout import rollout_tasks, training_sampling
-from storage.adapters import AdapterRef
+from storage.adapters import AdapterRef, version_ref
 
 WAIT_POLL_S = 0.5  # how often a step waiting for its batch looks for SIGTERM or a draining node
 
@@ -118,7 +118,7 @@ class RolloutsAhead(Rollouts):
         state.sampler.load_state_dict(state.ahead["sampler"])
         rows, epoch = state.sampler.next_batch()
         version = state.ahead["adapter_version"]
-        adapter = AdapterRef(str(self.fleet.run_dir / "adapters" / f"v{version}"), version) if version else None
+        adapter = version_ref(self.fleet.run_dir / "adapters", version)
         tasks = rollout_tasks(rows, step, self.fleet.cfg.generator.n_samples_per_prompt)
         self.cancelled.clear()
         self.future = self.thread.submit(self._generate, tasks, training_sampling(self.fleet.cfg, step), adapter,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rl.sampler import PromptSampler
-from storage.adapters import AdapterRef
+from storage.adapters import AdapterRef, version_ref
 
 
 @dataclass
@@ -51,8 +51,7 @@ class RunState:
     @staticmethod
     def adapter_of(trainer_state: dict, adapters_dir: Path) -> AdapterRef | None:
         """The adapter version a checkpoint's engines held, in the run's adapters folder (None: the base)."""
-        version = int(trainer_state["adapter_version"])
-        return AdapterRef(str(adapters_dir / f"v{version}"), version) if version else None
+        return version_ref(adapters_dir, int(trainer_state["adapter_version"]))
 
     def restore(self, trainer_state: dict, adapter: AdapterRef | None, best: dict | None = None) -> None:
         """`best`: the selection.json of the adapter exported as <export_path>/best, if any. The export,

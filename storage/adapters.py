@@ -105,6 +105,11 @@ def exported_steps(export_path: str, s3_cfg=None) -> list[int]:
                   if re.fullmatch(r"global_step_\d+", d))
 
 
+def version_ref(adapters_dir: Path, version: int) -> AdapterRef | None:
+    """Version `version` in a run's adapters/ folder (v1, v2, ...); None for 0, the base."""
+    return AdapterRef(str(Path(adapters_dir) / f"v{version}"), version) if version else None
+
+
 def prune_versions(folder: Path, keep: int, current: int) -> None:
     """Keep the `keep` versions up to `current` in a run's adapters/ folder (v1, v2, ...); remove the
     older ones, and any newer one: left by steps a recovery went back on, it would crowd out a
