@@ -20,7 +20,8 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.visrl-installed
 # CI's network has cut wheels' downloads short for minutes at a time (botocore, hf_xet; 2026-12-05):
 # pip resumes a cut download, and each install is tried five times, waiting longer each time; the
-# wheels that did arrive stay in pip's cache, so each try fetches only what is still missing
+# wheels that did arrive stay in pip's cache, so each try fetches only what is still missing. The first
+# install of each venv (pip itself) runs the venv's older pip, which knows no --resume-retries.
 MAIN_EXTRAS := test,tracking
 PIP_NET := --retries 10 --timeout 60 --resume-retries 10
 retry = for attempt in 1 2 3 4 5; do $(1) && break; test $$attempt = 5 && exit 1; echo "pip failed (try $$attempt of 5); trying again in $$((attempt * 30)) s" >&2; sleep $$((attempt * 30)); done
