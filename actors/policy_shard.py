@@ -25,7 +25,7 @@ from rl.algorithm import entropy, policy_loss
 from settings.schema import AlgorithmConfig
 from storage.atomic import replace_dir, temp_beside
 from telemetry.collectives import CollectiveRecorder
-from vlm.forward import agree_max, collate, sampled_logprobs, score_seqs
+from vlm.forward import agree_max, collate, micro_batch_order, sampled_logprobs, score_seqs
 from vlm.load import release_cached_memory
 from vlm.sharding import group_names, init_distributed, shard_model, staging_device
 
@@ -149,7 +149,7 @@ class FSDPPolicyShard:
         for _ in range(epochs):
             for m in range(n_mb):
                 mine = [it for it in items if m < len(minibatches) and it.minibatch == minibatches[m]]
-                mine.sort(key=lambda it: len(it.seq.input_ids))  # alike lengths share a micro-batch: less padding
+                mine = [mine[i] for i in micro_batch_order([it.seq for it in mine])]
                 micro = [mine[i:i + micro_batch] for i in range(0, len(mine), micro_batch)]
                 n_micro = self._agree_max(len(micro))
                 self.optimizer.zero_grad(set_to_none=True)

@@ -120,8 +120,8 @@ def test_every_speed_up_patch_applies_and_a_renamed_class_fails_loudly(tiny_mode
 
     from vlm.load import PatchError
     model, _ = load_model(tiny_model_dir)
-    for flag in ("_patched__one_call_forward", "_patched__unique_forward", "_patched__fused_forward",
-                 "_patched__rope_index"):
+    for flag in ("_patched__one_call_forward", "_patched__unique_forward", "_patched__matmul_forward",
+                 "_patched__fused_forward", "_patched__rope_index"):
         assert any(getattr(m, flag, False) for m in model.modules()), flag
     attention = modeling_qwen3_vl.Qwen3VLVisionAttention
     name, attention.__name__ = attention.__name__, "Qwen3VLVisionSelfAttn"  # as a release that renamed it

@@ -118,3 +118,38 @@ def test_precomputed_per_picture_inputs_keep_the_towers_own_path(merging_tower, 
     cu_seqlens = torch.tensor([0, 16, 32], dtype=torch.int32)
     out = merging_tower.visual(torch.cat([pic, pic]), grid_thw=grid, cu_seqlens=cu_seqlens)
     assert out.pooler_output.shape == (8, 48)
+
+
+def test_micro_batches_put_a_pictures_copies_together_and_keep_alike_lengths():
+    import numpy as np
+
+    from vlm.forward import TrainSeq, micro_batch_order
+    picture = {v: np.full((4, 4, 3), v, dtype=np.uint8) for v in range(3)}
+    # (length, picture): copies of pictures 0 and 1 interleaved at one length, a longer and a shorter one
+    shapes = [(10, 0), (10, 1), (10, 0), (10, 1), (12, 2), (8, 0), (10, 0), (10, 1)]
+    seqs = [TrainSeq("e", [1] * n, [0] * n, [0.0] * n, [picture[p].copy()]) for n, p in shapes]
+    order = micro_batch_order(seqs)
+    assert sorted(order) == list(range(len(seqs)))
+    assert [shapes[i][0] for i in order] == [8, 10, 10, 10, 10, 10, 10, 12]  # lengths still ascend
+    middle = [shapes[i][1] for i in order[1:7]]
+    assert middle in ([0, 0, 0, 1, 1, 1], [1, 1, 1, 0, 0, 0])  # in micro-batches of 3: one picture each
+
+
+def test_the_patch_embedding_by_matmul_gives_the_convolutions_rows(tiny_model_dir):
+    from transformers import AutoModelForImageTextToText
+
+    from vlm.patch_embed import embed_patches_by_matmul
+    from vlm.processor import load_processor
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir).eval()
+    embed = model.model.visual.patch_embed
+    enc = maze_batch(load_processor(tiny_model_dir), [3, 5])
+    with torch.no_grad():
+        expected = embed(enc["pixel_values"])
+        assert embed_patches_by_matmul(model) == 1
+        calls = []
+        conv = embed.proj.forward
+        embed.proj.forward = lambda x: (calls.append(x.shape), conv(x))[1]
+        got = embed(enc["pixel_values"])
+    assert calls == []  # the convolution no longer runs
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from inference.pictures import PicturePreprocessor
+
 
 @dataclass
 class TrainSeq:
@@ -84,12 +86,22 @@ def agree_max(n: int, world_size: int, device: str) -> int:
     return int(t.item())
 
 
+def micro_batch_order(seqs: list[TrainSeq]) -> list[int]:
+    """The indices of `seqs` in the order they are cut into micro-batches: alike lengths together
+    (less padding) and, among equal lengths, the copies of a picture side by side. The vision tower
+    encodes each distinct picture of a micro-batch once (vlm/unique_pictures.py) and a GRPO group's
+    episodes keep showing each other's pictures: ordered by length alone, a step of the CPU default
+    encoded 657 pictures in its train pass where 426 differ."""
+    pictures = [tuple(PicturePreprocessor.key(p) for p in s.images) for s in seqs]
+    return sorted(range(len(seqs)), key=lambda i: (len(seqs[i].input_ids), pictures[i]))
+
+
 @torch.no_grad()
 def score_seqs(model, processor, seqs: list[TrainSeq], micro_batch: int, device: str, dtype, temperature: float,
                world_size: int = 1, pictures=None) -> list[np.ndarray]:
     """Per-sequence arrays of sampled-token log-probs, micro-batched, in step with the other ranks.
-    Micro-batches hold sequences of alike length (less padding); the result keeps the input order."""
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].input_ids))
+    Micro-batches hold sequences of alike length and shared pictures; the result keeps the input order."""
+    order = micro_batch_order(seqs)
     chunks = [[seqs[i] for i in order[j:j + micro_batch]] for j in range(0, len(seqs), micro_batch)]
     scored = []
     for k in range(agree_max(len(chunks), world_size, device)):

@@ -81,10 +81,12 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
                speedups: bool = True):
     """(model in eval mode on `device`, processor) from any supported source. With `speedups` (the
     config's trainer.policy.model.speedups) the vision tower encodes each distinct picture of a batch
-    once (vlm/unique_pictures.py) and attends over all of them in one call (vlm/picture_attention.py),
-    RMSNorms run fused on the GPU (vlm/fused_norms.py) and the rotary index is computed in numpy
-    (vlm/rope_index.py); without, transformers' code runs as it is."""
+    once (vlm/unique_pictures.py), embeds its patches with one matrix product (vlm/patch_embed.py)
+    and attends over all of them in one call (vlm/picture_attention.py), RMSNorms run fused on the
+    GPU (vlm/fused_norms.py) and the rotary index is computed in numpy (vlm/rope_index.py);
+    without, transformers' code runs as it is."""
     from vlm.fused_norms import fuse_rms_norms
+    from vlm.patch_embed import embed_patches_by_matmul
     from vlm.picture_attention import batch_picture_attention
     from vlm.rope_index import vectorize_rope_index
     from vlm.unique_pictures import encode_unique_pictures
@@ -98,7 +100,8 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dtype).to(device).eval()
     if speedups:
         patched = {patch.__name__: patch(model) for patch in
-                   (batch_picture_attention, encode_unique_pictures, fuse_rms_norms, vectorize_rope_index)}
+                   (batch_picture_attention, encode_unique_pictures, embed_patches_by_matmul, fuse_rms_norms,
+                    vectorize_rope_index)}
         check_patched(model, patched)
     return model, load_processor(folder)
 
