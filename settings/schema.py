@@ -40,9 +40,10 @@ class ModelConfig:
     path: str = setting("assets/maze-vl-base", "local folder, s3://bucket/prefix or a Hugging Face id")
     speedups: bool = setting(
         True, "visrl's speed-ups of transformers' Qwen3-VL code, wherever the model runs (trainer, reference, hf "
-              "engine): one attention call for all pictures, each distinct picture encoded once, fused RMSNorms on "
-              "a GPU, the rotary index in numpy, and the hf engine's own decode loop replayed as CUDA graphs; false "
-              "runs transformers' code as it is (the serve app's switch: its `speedups` argument)", visrl=True)
+              "engine): one attention call for all pictures, each distinct picture encoded once, the patch embedding as "
+              "one matmul, fused RMSNorms on a GPU, the rotary index in numpy, and the hf engine's own decode loop "
+              "replayed as CUDA graphs; false runs transformers' code as it is (the serve app's switch: its `speedups` "
+              "argument)", visrl=True)
     lora: LoraConfig = section(LoraConfig, "the adapter that trains on the frozen base")
 
 
