@@ -19,13 +19,19 @@ from vlm.patching import replace_method
 def embed_patches_by_matmul(model) -> int:
     """Give every Qwen-VL vision patch embedding (a `proj` Conv3d) of `model` the matrix-product forward; returns how many."""
     return replace_method(model, "forward", lambda _, m: type(m).__name__.endswith("PatchEmbed")
-                          and isinstance(getattr(m, "proj", None), torch.nn.Conv3d), _matmul_forward)
+                          and _patchwise(getattr(m, "proj", None)), _matmul_forward)
+
+
+def _patchwise(proj) -> bool:
+    """A Conv3d that sees each patch once (kernel = stride, no padding): a linear map of each patch."""
+    return (isinstance(proj, torch.nn.Conv3d) and tuple(proj.kernel_size) == tuple(proj.stride)
+            and proj.padding == (0, 0, 0))
 
 
 def _matmul_forward(transformers_forward, module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         proj = self.proj
-        if type(proj) is not torch.nn.Conv3d or tuple(proj.kernel_size) != tuple(proj.stride) or proj.padding != (0, 0, 0):
+        if type(proj) is not torch.nn.Conv3d:  # wrapped after the patch (a LoRA on it): its own forward
             return transformers_forward(self, hidden_states)
         weight = proj.weight.reshape(proj.out_channels, -1)
         return F.linear(hidden_states.reshape(-1, weight.shape[1]).to(weight.dtype), weight, proj.bias)
