@@ -62,6 +62,7 @@ class FSDPPolicyShard:
         from peft import get_peft_model
 
         from vlm.load import load_model
+        from vlm.lora_addmm import fuse_lora_updates
 
         init_distributed(self.rank, self.world_size, master_addr, master_port, self.device)
         torch.manual_seed(self.seed)
@@ -72,6 +73,8 @@ class FSDPPolicyShard:
         if self.gradient_checkpointing:  # only while training: the no-grad scoring passes keep nothing
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = get_peft_model(base, lora_config(self.lora_cfg))
+        if self.speedups:
+            fuse_lora_updates(self.model)
         self.model.train()
         mesh = shard_model(self.model, self.device, self.world_size, self.cpu_offload, bf16_compute=self.bf16_compute,
                            fsdp_size=self.fsdp_size)

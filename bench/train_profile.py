@@ -11,7 +11,8 @@ shard (the run's LoRA, dtype, micro-batches and gradient checkpointing) then sco
 with its adapter off and trains `--repeats` times after a warm-up; each pass prints its seconds
 and MFU (4 x params x tokens / seconds / 989 TFLOP/s, as gpu_scale counts it). Last, the GPU
 kernels of one more train by device time, the device's busy fraction of that wall time, and
-cProfile's heaviest host functions of the same train.
+cProfile's heaviest host functions of the same train; then, side by side, the same passes with
+PEFT's own LoRA forward in place of vlm/lora_addmm.py's.
 `key=value` overrides go to the run's config (for example `trainer.gradient_checkpointing=true
 trainer.micro_train_batch_size_per_gpu=64`).
 """
@@ -106,6 +107,15 @@ def main():
     print(f"profiled train: {wall:.2f} s wall, kernels {busy:.2f} s ({100 * busy / wall:.0f}% of the wall time busy)")
     print(averages.table(sort_by="self_device_time_total", row_limit=args.top, max_name_column_width=70))
     pstats.Stats(host).sort_stats("tottime").print_stats(args.top)
+    # side by side: the same passes with PEFT's own LoRA forward instead of vlm/lora_addmm.py's
+    restored = 0
+    for module in shard.model.modules():
+        if getattr(module, "_patched__addmm_forward", False):
+            del module.forward  # the class's method (PEFT's) shows again
+            restored += 1
+    if restored:
+        for k in range(args.repeats):
+            timed(f"train {k}, PEFT's LoRA forward ({restored} layers)", train, tokens, params)
     shard.shutdown()
 
 
