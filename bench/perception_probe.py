@@ -1,6 +1,6 @@
 """How well a model's vision tower alone tells the way to the goal, cell by cell.
 
-    python bench/perception_probe.py assets/maze-vl-base [--adapter DIR] [--sizes 9 11]
+    python bench/perception_probe.py assets/maze-vl-base [--adapter DIR] [--sizes 9 11] [--blocks]
 
 A fresh linear probe learns, from the frozen tower's picture tokens, the BFS expert's move from
 every floor cell (stage A's task in sft/embedded_base.py, the disc anywhere), then is scored on
@@ -8,6 +8,10 @@ every floor cell (stage A's task in sft/embedded_base.py, the disc anywhere), th
 or more open neighbours), where a wrong answer is a wrong branch. A linear probe on frozen
 features reads what the tower already encodes; it scores below the probe trained with the
 tower in stage A.
+
+With `--blocks`, the same for the sliding-block picture: a probe learns which block (or none)
+covers each cell of both boards, from boards shuffled by 1 to 12 moves, and is scored on the
+yellow 1x1 blocks (7 to 10, told apart only by the digit drawn on them) and on 9 against 10.
 """
 from __future__ import annotations
 
@@ -72,11 +76,61 @@ def probe_size(vision, processor, size: int, steps: int, seed: int) -> dict:
     return report
 
 
+def block_ids(env) -> np.ndarray:
+    """Which block covers each cell of a sliding-block picture (target board, gap, current board):
+    0 empty, -1 the gap column, as rows x (2 x columns + 1)."""
+    from envs.sliding_block import COLS, ROWS, SIZES
+    cells = np.zeros((ROWS, 2 * COLS + 1), np.int64)
+    cells[:, COLS] = -1
+    for left, positions in ((0, env.target), (COLS + 1, env.positions)):
+        for block, (r, c) in positions.items():
+            h, w = SIZES[block]
+            cells[r:r + h, left + c:left + c + w] = block
+    return cells
+
+
+def block_features(vision, processor, first_seed: int, n: int, cell_px: int) -> tuple[torch.Tensor, np.ndarray]:
+    """Picture tokens of n sliding-block pictures (one token a cell, both boards) and each cell's
+    block id (0 empty, -1 the gap between the boards)."""
+    from envs.sliding_block import SlidingBlockEnv
+    images, labels = [], []
+    for k in range(n):
+        env = SlidingBlockEnv(shuffle_moves=1 + (first_seed + k) % 12, cell_px=cell_px)
+        env.reset(seed=first_seed + k)
+        env.positions = env.target if k % 2 else env.positions  # half the current boards solved, half not
+        images.append(env.render())
+        labels.append(block_ids(env).reshape(-1))
+    enc = processor.image_processor(images=images, return_tensors="pt")
+    with torch.no_grad():
+        features = vision(enc["pixel_values"], grid_thw=enc["image_grid_thw"]).pooler_output
+    return features, np.concatenate(labels)
+
+
+def probe_blocks(vision, processor, steps: int, seed: int, cell_px: int = 16) -> dict:
+    torch.manual_seed(seed)
+    probe = torch.nn.Linear(vision.config.out_hidden_size, 11)
+    opt = torch.optim.AdamW(probe.parameters(), lr=3e-3)
+    for step in tqdm(range(steps), desc="probe block ids", unit="step"):
+        features, ids = block_features(vision, processor, TRAIN_SEEDS + step * 32, 32, cell_px)
+        loss = torch.nn.functional.cross_entropy(probe(features), torch.tensor(ids), ignore_index=-1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    features, ids = block_features(vision, processor, TEST_SEEDS, 256, cell_px)
+    with torch.no_grad():
+        guess = probe(features).argmax(-1).numpy()
+    board, yellow, twins = ids >= 0, ids >= 7, (ids == 9) | (ids == 10)
+    return {"cells": int(board.sum()), "accuracy": round(float((guess == ids)[board].mean()), 3),
+            "yellow_cells": int(yellow.sum()), "yellow_accuracy": round(float((guess == ids)[yellow].mean()), 3),
+            "nine_or_ten_cells": int(twins.sum()), "nine_or_ten_accuracy": round(float((guess == ids)[twins].mean()), 3)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="a model folder (the embedded base or another of its shape)")
     ap.add_argument("--adapter", help="a LoRA adapter folder, merged into the model first")
     ap.add_argument("--sizes", type=int, nargs="+", default=[9, 11])
+    ap.add_argument("--blocks", action="store_true", help="probe the sliding-block picture's block ids instead")
     ap.add_argument("--steps", type=int, default=300, help="probe training steps of 32 pictures")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
@@ -87,6 +141,10 @@ def main():
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, args.adapter).merge_and_unload()
     vision = model.model.visual.eval().requires_grad_(False)
+    if args.blocks:
+        print(json.dumps({"model": args.model, "adapter": args.adapter, **probe_blocks(vision, processor, args.steps,
+                                                                                      args.seed)}), flush=True)
+        return
     for size in args.sizes:
         report = probe_size(vision, processor, size, args.steps, args.seed)
         print(json.dumps({"model": args.model, "adapter": args.adapter, **report}), flush=True)

@@ -93,3 +93,19 @@ def test_its_splits_use_disjoint_seed_ranges(tmp_path):
                              "data.validation_size=4", "data.validation_seed_start=1000001"])
     with pytest.raises(ValueError, match="must be above the eval seeds"):
         get_environment("sliding_block/easy").write_dataset(tmp_path, cfg.data, 10)
+
+
+def test_the_block_probe_labels_each_cell_with_the_block_drawn_there():
+    """bench/perception_probe.py --blocks: a cell's label is the block whose colour fills that cell."""
+    from bench.perception_probe import block_ids
+    from envs.sliding_block import COLOURS, SIZES, SlidingBlockEnv
+    env = SlidingBlockEnv(shuffle_moves=6, cell_px=16)
+    env.reset(seed=3)
+    image, ids = env.render(), block_ids(env)
+    assert ids.shape == (5, 9) and (ids[:, 4] == -1).all()
+    for board in (ids[:, :4], ids[:, 5:]):
+        assert sorted(np.unique(board).tolist()) == list(range(11)) and (board == 0).sum() == 2
+    for r, c in np.ndindex(ids.shape):
+        corner = tuple(image[r * 16 + 2, c * 16 + 2])  # inside the outline, clear of the digit
+        want = (255, 255, 255) if ids[r, c] == 0 else (128, 128, 128) if ids[r, c] < 0 else COLOURS[SIZES[ids[r, c]]]
+        assert corner == want, (r, c, ids[r, c])
