@@ -49,17 +49,24 @@ def tower_features(vision, processor, size: int, first_seed: int, n: int, rng) -
     return features, np.concatenate(moves), np.concatenate(distances), np.concatenate(branching)
 
 
-def probe_size(vision, processor, size: int, steps: int, seed: int) -> dict:
+def train_probe(batch, classes: int, width: int, steps: int, seed: int, desc: str) -> torch.nn.Linear:
+    """A linear probe fitted to `batch(first seed)` -> (features, labels; -1 ignored), 32 pictures a step."""
     torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    probe = torch.nn.Linear(vision.config.out_hidden_size, len(ACTIONS))
+    probe = torch.nn.Linear(width, classes)
     opt = torch.optim.AdamW(probe.parameters(), lr=3e-3)
-    for step in tqdm(range(steps), desc=f"probe {size}x{size}", unit="step"):
-        features, moves, _, _ = tower_features(vision, processor, size, TRAIN_SEEDS + step * 32, 32, rng)
-        loss = torch.nn.functional.cross_entropy(probe(features), torch.tensor(moves), ignore_index=-1)
+    for step in tqdm(range(steps), desc=desc, unit="step"):
+        features, labels = batch(TRAIN_SEEDS + step * 32)
+        loss = torch.nn.functional.cross_entropy(probe(features), torch.tensor(labels), ignore_index=-1)
         opt.zero_grad()
         loss.backward()
         opt.step()
+    return probe
+
+
+def probe_size(vision, processor, size: int, steps: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    probe = train_probe(lambda first: tower_features(vision, processor, size, first, 32, rng)[:2], len(ACTIONS),
+                        vision.config.out_hidden_size, steps, seed, f"probe {size}x{size}")
     features, moves, distances, branching = tower_features(vision, processor, size, TEST_SEEDS, 256, rng)
     with torch.no_grad():
         right = (probe(features).argmax(-1).numpy() == moves)
@@ -107,15 +114,8 @@ def block_features(vision, processor, first_seed: int, n: int, cell_px: int) -> 
 
 
 def probe_blocks(vision, processor, steps: int, seed: int, cell_px: int = 16) -> dict:
-    torch.manual_seed(seed)
-    probe = torch.nn.Linear(vision.config.out_hidden_size, 11)
-    opt = torch.optim.AdamW(probe.parameters(), lr=3e-3)
-    for step in tqdm(range(steps), desc="probe block ids", unit="step"):
-        features, ids = block_features(vision, processor, TRAIN_SEEDS + step * 32, 32, cell_px)
-        loss = torch.nn.functional.cross_entropy(probe(features), torch.tensor(ids), ignore_index=-1)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    probe = train_probe(lambda first: block_features(vision, processor, first, 32, cell_px), 11,
+                        vision.config.out_hidden_size, steps, seed, "probe block ids")
     features, ids = block_features(vision, processor, TEST_SEEDS, 256, cell_px)
     with torch.no_grad():
         guess = probe(features).argmax(-1).numpy()
