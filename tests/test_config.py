@@ -62,6 +62,7 @@ def test_both_shipped_configs_load():
 # stage 3 of the hard curriculum as bench/README.md measured it: hard.yaml and this command line
 HARD_STAGE3_COMMAND_LINE = ["trainer.epochs=1", "data.train_size=1024", "data.train_seed_start=500000",
                             "trainer.policy.optimizer_config.lr=5.0e-4", "trainer.algorithm.gigpo.stay_penalty=0.05",
+                            "generator.context_window_turns=4",
                             "trainer.run_dir=runs/hard-stage3",
                             "trainer.policy.model.lora.init_from=runs/hard/exports/global_step_96/policy"]
 
