@@ -35,7 +35,7 @@ class FSDPPolicyShard:
                  lora: dict | None = None, optimizer: dict | None = None, total_steps: int = 1,
                  seed: int = 42, cpu_offload: bool = False, s3_cfg=None, threads: int | None = None,
                  dtype: str = "float32", gradient_checkpointing: bool = False, speedups: bool = True,
-                 fsdp_size: int = -1, record_collectives: bool = False):
+                 fsdp_size: int = -1, record_collectives: bool = False, compile_layers: bool = False):
         self.model_path, self.rank, self.world_size, self.device = model_path, rank, world_size, device
         self.fsdp_size, self.record_collectives = fsdp_size, record_collectives
         self.recorder = None  # a CollectiveRecorder once set up, with record_collectives
@@ -43,7 +43,7 @@ class FSDPPolicyShard:
         self.optim_cfg = {"lr": 1e-4, "adam_betas": [0.9, 0.999], "weight_decay": 0.0, "max_grad_norm": 1.0,
                           "num_warmup_steps": 0, "scheduler": "constant_with_warmup", **(optimizer or {})}
         self.total_steps, self.seed, self.cpu_offload, self.s3_cfg = total_steps, seed, cpu_offload, s3_cfg
-        self.gradient_checkpointing, self.speedups = gradient_checkpointing, speedups
+        self.gradient_checkpointing, self.speedups, self.compile_layers = gradient_checkpointing, speedups, compile_layers
         # with bf16 (GPUs) the frozen base is held in bf16 and only the LoRA weights keep fp32 masters
         # (PEFT creates them in fp32); FSDP2 computes in bf16 and reduces gradients in fp32
         self.bf16_compute = dtype == "bfloat16"
@@ -61,6 +61,7 @@ class FSDPPolicyShard:
         """Join the process group, load and shard the model, build optimizer and schedule."""
         from peft import get_peft_model
 
+        from vlm.compiled_layers import compile_decoder_layers
         from vlm.load import load_model
         from vlm.lora_addmm import fuse_lora_updates
 
@@ -78,6 +79,8 @@ class FSDPPolicyShard:
         self.model.train()
         mesh = shard_model(self.model, self.device, self.world_size, self.cpu_offload, bf16_compute=self.bf16_compute,
                            fsdp_size=self.fsdp_size)
+        if self.compile_layers:
+            compile_decoder_layers(self.model)
         self.recorder = CollectiveRecorder(group_names(mesh), self.device) if self.record_collectives else None
         # a step's passes (reference, old policy, each update epoch) show the same pictures
         self.pictures = PicturePreprocessor(self.processor.image_processor, self.dtype)

@@ -12,7 +12,8 @@ with its adapter off and trains `--repeats` times after a warm-up; each pass pri
 and MFU (4 x params x tokens / seconds / 989 TFLOP/s, as gpu_scale counts it). Last, the GPU
 kernels of one more train by device time, the device's busy fraction of that wall time, and
 cProfile's heaviest host functions of the same train; then, side by side, the same passes with
-PEFT's own LoRA forward in place of vlm/lora_addmm.py's.
+eager decoder layers (with `trainer.policy.model.compile_layers=true`) and then with PEFT's own
+LoRA forward in place of vlm/lora_addmm.py's.
 `key=value` overrides go to the run's config (for example `trainer.gradient_checkpointing=true
 trainer.micro_train_batch_size_per_gpu=64`).
 """
@@ -80,7 +81,8 @@ def main():
     shard = FSDPPolicyShard(t.policy.model.path, device=resolve_device(t.device), lora=asdict(t.policy.model.lora),
                             optimizer=asdict(t.policy.optimizer_config), total_steps=100, seed=t.seed,
                             threads=int(t.placement.cpus_per_bundle), dtype=compute_dtype(resolve_device(t.device)),
-                            gradient_checkpointing=t.gradient_checkpointing)
+                            gradient_checkpointing=t.gradient_checkpointing,
+                            compile_layers=t.policy.model.compile_layers)
     shard.setup("127.0.0.1", 29533)
     params = sum(p.numel() for p in shard.model.parameters())
     ref = {}
@@ -107,7 +109,14 @@ def main():
     print(f"profiled train: {wall:.2f} s wall, kernels {busy:.2f} s ({100 * busy / wall:.0f}% of the wall time busy)")
     print(averages.table(sort_by="self_device_time_total", row_limit=args.top, max_name_column_width=70))
     pstats.Stats(host).sort_stats("tottime").print_stats(args.top)
-    # side by side: the same passes with PEFT's own LoRA forward instead of vlm/lora_addmm.py's
+    # side by side: the same passes with eager decoder layers (nn.Module.compile keeps the compiled
+    # call here; without it the module's own runs), then with PEFT's own LoRA forward too
+    if t.policy.model.compile_layers:
+        from vlm.compiled_layers import decoder_layers
+        for layer in decoder_layers(shard.model):
+            layer._compiled_call_impl = None
+        for k in range(args.repeats):
+            timed(f"train {k}, eager decoder layers", train, tokens, params)
     restored = 0
     for module in shard.model.modules():
         if getattr(module, "_patched__addmm_forward", False):

@@ -87,7 +87,7 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int, timeout_s
             total_steps=total_steps, seed=t.seed, cpu_offload=t.policy.fsdp_config.cpu_offload,
             s3_cfg=cfg.s3, threads=threads, dtype=dtype, gradient_checkpointing=t.gradient_checkpointing,
             speedups=t.policy.model.speedups, fsdp_size=t.policy.fsdp_config.fsdp_size,
-            record_collectives=t.policy.fsdp_config.record_collectives)
+            record_collectives=t.policy.fsdp_config.record_collectives, compile_layers=t.policy.model.compile_layers)
             for pool, i, slot in plan.slots("policy")]
         ref = [ray.remote(RefShard).options(**slot_options(groups, pool, i, slot, ns)).remote(
             model_path, rank=slot.rank, world_size=len(plan.slots("ref")), device=device,

@@ -44,6 +44,11 @@ class ModelConfig:
               "one matmul, fused RMSNorms and the trainer's LoRA update as one addmm on a GPU, the rotary index in "
               "numpy, and the hf engine's own decode loop replayed as CUDA graphs; false runs transformers' code as it "
               "is (the serve app's switch: its `speedups` argument)", visrl=True)
+    compile_layers: bool = setting(
+        False, "torch.compile each decoder layer of the trainer's policy (dynamic shapes, one graph shared by the "
+               "layers): fused elementwise kernels and less host dispatch a layer, where the 8B train pass waits on "
+               "the host; the first pass pays the compilation (tens of seconds), and the figures differ from the eager "
+               "pass by rounding", visrl=True)
     lora: LoraConfig = section(LoraConfig, "the adapter that trains on the frozen base")
 
 

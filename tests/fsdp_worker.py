@@ -32,14 +32,14 @@ def rank_process(worker):
 
 
 def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=1, gradient_checkpointing=False,
-           dtype="float32", fsdp_size=-1, record_collectives=False):
+           dtype="float32", fsdp_size=-1, record_collectives=False, compile_layers=False):
     import torch
     torch.set_num_threads(1)
     from actors.policy_shard import FSDPPolicyShard
     shard = FSDPPolicyShard(model_dir, rank=rank, world_size=world_size, device="cpu",
                             lora={"rank": 4, "alpha": 8}, optimizer=optimizer or {"lr": 1e-2}, seed=seed,
                             total_steps=total_steps, gradient_checkpointing=gradient_checkpointing, dtype=dtype,
-                            fsdp_size=fsdp_size, record_collectives=record_collectives)
+                            fsdp_size=fsdp_size, record_collectives=record_collectives, compile_layers=compile_layers)
     shard.setup("127.0.0.1", port)
     return shard
 
@@ -52,7 +52,8 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
         batch = pickle.load(f)  # written by the test itself
     shard = _shard(rank, world_size, port, model_dir, seed=0,
                    gradient_checkpointing=batch.get("gradient_checkpointing", False),
-                   fsdp_size=batch.get("fsdp_size", -1), record_collectives=batch.get("record_collectives", False))
+                   fsdp_size=batch.get("fsdp_size", -1), record_collectives=batch.get("record_collectives", False),
+                   compile_layers=batch.get("compile_layers", False))
     mine = split_for_ranks(batch["items"], world_size)[rank]
     before = shard.logprobs(mine, 1.0, micro_batch=2)
     # forward calls of one decoder layer's first norm during train: checkpointing runs each block again in
@@ -74,11 +75,13 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
     state = shard.state_dict()
     from torch.distributed.fsdp import FSDPModule
     fsdp_units = sum(isinstance(m, FSDPModule) for m in shard.model.modules())
+    from torch._dynamo.utils import counters
+    compiled = {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
     if rank == 0:
         with open(os.path.join(out_dir, "result.pkl"), "wb") as f:
             pickle.dump({"metrics": metrics, "before": before, "optimizer_steps": state["optimizer_steps"],
                          "state": state, "layer_calls": len(calls), "references": references,
-                         "fsdp_units": fsdp_units,
+                         "fsdp_units": fsdp_units, "compiled": compiled,
                          "base_bytes": sum(p.numel() * p.element_size() for p in shard.model.parameters()
                                            if not p.requires_grad) * world_size}, f)
     shard.shutdown()
