@@ -25,7 +25,7 @@ from rl.algorithm import entropy, policy_loss
 from settings.schema import AlgorithmConfig
 from storage.atomic import replace_dir, temp_beside
 from telemetry.collectives import CollectiveRecorder
-from vlm.forward import agree_max, collate, micro_batch_order, sampled_logprobs, score_seqs
+from vlm.forward import agree_max, collate, cut_micro_batches, micro_batch_order, sampled_logprobs, score_seqs
 from vlm.load import release_cached_memory
 from vlm.sharding import group_names, init_distributed, shard_model, staging_device
 
@@ -35,7 +35,8 @@ class FSDPPolicyShard:
                  lora: dict | None = None, optimizer: dict | None = None, total_steps: int = 1,
                  seed: int = 42, cpu_offload: bool = False, s3_cfg=None, threads: int | None = None,
                  dtype: str = "float32", gradient_checkpointing: bool = False, speedups: bool = True,
-                 fsdp_size: int = -1, record_collectives: bool = False, compile_layers: bool = False):
+                 fsdp_size: int = -1, record_collectives: bool = False, compile_layers: bool = False,
+                 max_tokens_per_micro_batch: int = 0):
         self.model_path, self.rank, self.world_size, self.device = model_path, rank, world_size, device
         self.fsdp_size, self.record_collectives = fsdp_size, record_collectives
         self.recorder = None  # a CollectiveRecorder once set up, with record_collectives
@@ -44,6 +45,7 @@ class FSDPPolicyShard:
                           "num_warmup_steps": 0, "scheduler": "constant_with_warmup", **(optimizer or {})}
         self.total_steps, self.seed, self.cpu_offload, self.s3_cfg = total_steps, seed, cpu_offload, s3_cfg
         self.gradient_checkpointing, self.speedups, self.compile_layers = gradient_checkpointing, speedups, compile_layers
+        self.max_tokens = max_tokens_per_micro_batch  # 0: micro-batches by count alone
         # with bf16 (GPUs) the frozen base is held in bf16 and only the LoRA weights keep fp32 masters
         # (PEFT creates them in fp32); FSDP2 computes in bf16 and reduces gradients in fp32
         self.bf16_compute = dtype == "bfloat16"
@@ -99,7 +101,7 @@ class FSDPPolicyShard:
         try:
             with self._recording():
                 scored = score_seqs(self.model, self.processor, [it.seq for it in items], micro_batch, self.device,
-                                    self.dtype, temperature, self.world_size, self.pictures)
+                                    self.dtype, temperature, self.world_size, self.pictures, self.max_tokens)
         finally:
             self.model.train()
         return {it.key: lp for it, lp in zip(items, scored)}
@@ -156,13 +158,14 @@ class FSDPPolicyShard:
             for m in range(n_mb):
                 mine = [it for it in items if m < len(minibatches) and it.minibatch == minibatches[m]]
                 mine = [mine[i] for i in micro_batch_order([it.seq for it in mine])]
-                micro = [mine[i:i + micro_batch] for i in range(0, len(mine), micro_batch)]
+                micro = [mine[cut] for cut in cut_micro_batches([len(it.seq.input_ids) for it in mine], micro_batch,
+                                                                self.max_tokens)]
                 n_micro = self._agree_max(len(micro))
                 self.optimizer.zero_grad(set_to_none=True)
                 for k in range(n_micro):
                     # ranks must run the same number of passes: a rank with no data left runs a
                     # pass that contributes nothing (scale 0)
-                    chunk, scale = (micro[k], 1.0) if k < len(micro) else (items[:micro_batch], 0.0)
+                    chunk, scale = (micro[k], 1.0) if k < len(micro) else (items[:1], 0.0)
                     # gradients cross between ranks once a mini-batch, after its last micro-batch: the
                     # ones before accumulate where they are (LoRA's alone: the base has none)
                     if isinstance(self.model, FSDPModule):

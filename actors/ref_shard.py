@@ -15,9 +15,9 @@ from vlm.sharding import init_distributed, shard_model, staging_device
 class RefShard:
     def __init__(self, model_path: str, rank: int = 0, world_size: int = 1, device: str = "cpu",
                  cpu_offload: bool = False, s3_cfg=None, threads: int | None = None, dtype: str = "float32",
-                 speedups: bool = True, fsdp_size: int = -1):
+                 speedups: bool = True, fsdp_size: int = -1, max_tokens_per_micro_batch: int = 0):
         self.model_path, self.rank, self.world_size, self.device = model_path, rank, world_size, device
-        self.speedups, self.fsdp_size = speedups, fsdp_size
+        self.speedups, self.fsdp_size, self.max_tokens = speedups, fsdp_size, max_tokens_per_micro_batch
         self.cpu_offload, self.s3_cfg, self.dtype = cpu_offload, s3_cfg, getattr(torch, dtype)
         if threads:
             torch.set_num_threads(threads)
@@ -39,7 +39,7 @@ class RefShard:
         """{item key: the reference's log-probs of its sampled tokens}."""
         from vlm.load import release_cached_memory
         scored = score_seqs(self.model, self.processor, [it.seq for it in items], micro_batch, self.device,
-                            self.dtype, temperature, self.world_size)
+                            self.dtype, temperature, self.world_size, max_tokens=self.max_tokens)
         release_cached_memory(self.device)
         return {it.key: lp for it, lp in zip(items, scored)}
 

@@ -82,7 +82,8 @@ def main():
                             optimizer=asdict(t.policy.optimizer_config), total_steps=100, seed=t.seed,
                             threads=int(t.placement.cpus_per_bundle), dtype=compute_dtype(resolve_device(t.device)),
                             gradient_checkpointing=t.gradient_checkpointing,
-                            compile_layers=t.policy.model.compile_layers)
+                            compile_layers=t.policy.model.compile_layers,
+                            max_tokens_per_micro_batch=t.max_tokens_per_micro_batch)
     shard.setup("127.0.0.1", 29533)
     params = sum(p.numel() for p in shard.model.parameters())
     ref = {}

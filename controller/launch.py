@@ -87,12 +87,14 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int, timeout_s
             total_steps=total_steps, seed=t.seed, cpu_offload=t.policy.fsdp_config.cpu_offload,
             s3_cfg=cfg.s3, threads=threads, dtype=dtype, gradient_checkpointing=t.gradient_checkpointing,
             speedups=t.policy.model.speedups, fsdp_size=t.policy.fsdp_config.fsdp_size,
-            record_collectives=t.policy.fsdp_config.record_collectives, compile_layers=t.policy.model.compile_layers)
+            record_collectives=t.policy.fsdp_config.record_collectives, compile_layers=t.policy.model.compile_layers,
+            max_tokens_per_micro_batch=t.max_tokens_per_micro_batch)
             for pool, i, slot in plan.slots("policy")]
         ref = [ray.remote(RefShard).options(**slot_options(groups, pool, i, slot, ns)).remote(
             model_path, rank=slot.rank, world_size=len(plan.slots("ref")), device=device,
             cpu_offload=t.ref.fsdp_config.cpu_offload, s3_cfg=cfg.s3, threads=threads, dtype=dtype,
-            speedups=t.policy.model.speedups, fsdp_size=t.ref.fsdp_config.fsdp_size)
+            speedups=t.policy.model.speedups, fsdp_size=t.ref.fsdp_config.fsdp_size,
+            max_tokens_per_micro_batch=t.max_tokens_per_micro_batch)
             for pool, i, slot in plan.slots("ref")]
         env_pool = ray.remote(EnvPool).options(name="EnvPool", namespace=ns, **on_driver_node()).remote(
             cfg.environment.env_class, cfg.environment.cell_px, g.max_turns)

@@ -170,6 +170,11 @@ class TrainerConfig:
     policy_mini_batch_size: int = setting(8, "prompts an optimizer step", **POSITIVE)
     micro_forward_batch_size_per_gpu: int = setting(16, "sequences a forward pass (reference scoring)", **POSITIVE)
     micro_train_batch_size_per_gpu: int = setting(16, "sequences a forward and backward pass", **POSITIVE)
+    max_tokens_per_micro_batch: int = setting(
+        0, "padded tokens a micro-batch of the trainer's or the reference's passes may hold (its sequences times "
+           "its longest), besides the counts above: memory bounded whatever the episodes' lengths (long answers, "
+           "many turns), as verl's use_dynamic_bsz with ppo_max_token_len_per_gpu", at_least=0,
+        note="0 cuts by count alone", visrl=True)
     update_epochs_per_batch: int = setting(1, "passes over each batch", **POSITIVE)
     gradient_checkpointing: bool = setting(
         False, "recompute each block's activations in the backward pass instead of holding them: far less memory "

@@ -32,14 +32,15 @@ def rank_process(worker):
 
 
 def _shard(rank, world_size, port, model_dir, seed, optimizer=None, total_steps=1, gradient_checkpointing=False,
-           dtype="float32", fsdp_size=-1, record_collectives=False, compile_layers=False):
+           dtype="float32", fsdp_size=-1, record_collectives=False, compile_layers=False, max_tokens=0):
     import torch
     torch.set_num_threads(1)
     from actors.policy_shard import FSDPPolicyShard
     shard = FSDPPolicyShard(model_dir, rank=rank, world_size=world_size, device="cpu",
                             lora={"rank": 4, "alpha": 8}, optimizer=optimizer or {"lr": 1e-2}, seed=seed,
                             total_steps=total_steps, gradient_checkpointing=gradient_checkpointing, dtype=dtype,
-                            fsdp_size=fsdp_size, record_collectives=record_collectives, compile_layers=compile_layers)
+                            fsdp_size=fsdp_size, record_collectives=record_collectives, compile_layers=compile_layers,
+                            max_tokens_per_micro_batch=max_tokens)
     shard.setup("127.0.0.1", port)
     return shard
 
@@ -53,7 +54,7 @@ def run_rank(rank, world_size, port, model_dir, items_path, out_dir):
     shard = _shard(rank, world_size, port, model_dir, seed=0,
                    gradient_checkpointing=batch.get("gradient_checkpointing", False),
                    fsdp_size=batch.get("fsdp_size", -1), record_collectives=batch.get("record_collectives", False),
-                   compile_layers=batch.get("compile_layers", False))
+                   compile_layers=batch.get("compile_layers", False), max_tokens=batch.get("max_tokens", 0))
     mine = split_for_ranks(batch["items"], world_size)[rank]
     before = shard.logprobs(mine, 1.0, micro_batch=2)
     # forward calls of one decoder layer's first norm during train: checkpointing runs each block again in

@@ -50,3 +50,17 @@ def test_sampled_token_mean_drops_zero_advantage_episodes_without_rescaling_the_
     assert all(it.token_weight == full[it.seq.episode_id] == 1 / 14 for it in kept)
     rescaled = build_items(eps, adv, 1, "token_mean", drop_zero_advantage=True)
     assert all(it.token_weight == 1 / (4 + 5) for it in rescaled)  # token_mean: the two kept episodes only
+
+
+def test_micro_batches_hold_at_most_their_count_and_their_token_budget():
+    from vlm.forward import cut_micro_batches
+    lengths = [10, 10, 12, 30, 30, 31, 80, 200]  # ascending, as micro_batch_order leaves them
+    by_count = cut_micro_batches(lengths, 3)
+    assert [(c.start, c.stop) for c in by_count] == [(0, 3), (3, 6), (6, 8)]
+    budget = cut_micro_batches(lengths, 3, max_tokens=64)
+    assert [(c.start, c.stop) for c in budget] == [(0, 3), (3, 5), (5, 6), (6, 7), (7, 8)]
+    for cut in budget:  # within both bounds, the longest alone only when it alone exceeds the budget
+        n = cut.stop - cut.start
+        assert n <= 3 and (n * max(lengths[cut]) <= 64 or n == 1)
+    assert [lengths[i] for c in budget for i in range(c.start, c.stop)] == lengths  # every sequence once, in order
+    assert cut_micro_batches([], 4, 64) == []

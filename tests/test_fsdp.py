@@ -215,3 +215,21 @@ def test_compiled_decoder_layers_train_like_eager_ones(tiny_model_dir, tmp_path,
     for key, value in lora_eager.items():
         torch.testing.assert_close(lora_compiled[key], value, rtol=1e-4, atol=1e-5)
     assert any((v != 0).any() for k, v in lora_compiled.items() if "lora_B" in k)  # the update did happen
+
+
+def test_a_token_budget_cuts_smaller_micro_batches_that_train_the_same(tiny_model_dir, tmp_path):
+    """trainer.max_tokens_per_micro_batch: a budget of the longest sequence leaves one sequence a
+    micro-batch (twice the passes of micro-batches of 2), and the update is the same to rounding."""
+    batch = make_items(tiny_model_dir)
+    longest = max(len(it.seq.input_ids) for it in batch["items"])
+    (tmp_path / "count").mkdir()
+    (tmp_path / "budget").mkdir()
+    by_count, lora_count = train_with(1, tiny_model_dir, tmp_path / "count", batch)
+    budgeted, lora_budget = train_with(1, tiny_model_dir, tmp_path / "budget", batch | {"max_tokens": longest})
+    assert budgeted["layer_calls"] == len(batch["items"]) == 2 * by_count["layer_calls"]
+    for key in ("policy_loss", "policy_kl", "grad_norm", "entropy"):
+        assert abs(by_count["metrics"][key] - budgeted["metrics"][key]) < 1e-5 * max(1, abs(by_count["metrics"][key])), key
+    for key, value in lora_count.items():
+        torch.testing.assert_close(lora_budget[key], value, rtol=1e-5, atol=1e-6)
+    for key, expected in by_count["references"]["policy_after"].items():
+        np.testing.assert_allclose(budgeted["references"]["policy_after"][key], expected, atol=1e-5)

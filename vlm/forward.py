@@ -96,16 +96,35 @@ def micro_batch_order(seqs: list[TrainSeq]) -> list[int]:
     return sorted(range(len(seqs)), key=lambda i: (len(seqs[i].input_ids), pictures[i]))
 
 
+def cut_micro_batches(lengths: list[int], size: int, max_tokens: int = 0) -> list[slice]:
+    """Consecutive micro-batches over sequences of these lengths (in micro_batch_order): at most `size`
+    sequences each and, with `max_tokens`, at most that many padded tokens (its count times its longest
+    sequence), so a pass's memory is bounded whatever the lengths. A sequence longer than `max_tokens`
+    is a micro-batch alone."""
+    cuts, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        count = i - start
+        if count and (count == size or (max_tokens and (count + 1) * max(longest, n) > max_tokens)):
+            cuts.append(slice(start, i))
+            start, longest = i, 0
+        longest = max(longest, n)
+    if lengths:
+        cuts.append(slice(start, len(lengths)))
+    return cuts
+
+
 @torch.no_grad()
 def score_seqs(model, processor, seqs: list[TrainSeq], micro_batch: int, device: str, dtype, temperature: float,
-               world_size: int = 1, pictures=None) -> list[np.ndarray]:
-    """Per-sequence arrays of sampled-token log-probs, micro-batched, in step with the other ranks.
-    Micro-batches hold sequences of alike length and shared pictures; the result keeps the input order."""
+               world_size: int = 1, pictures=None, max_tokens: int = 0) -> list[np.ndarray]:
+    """Per-sequence arrays of sampled-token log-probs, micro-batched (`cut_micro_batches`), in step with
+    the other ranks. Micro-batches hold sequences of alike length and shared pictures; the result keeps
+    the input order."""
     order = micro_batch_order(seqs)
-    chunks = [[seqs[i] for i in order[j:j + micro_batch]] for j in range(0, len(seqs), micro_batch)]
+    cuts = cut_micro_batches([len(seqs[i].input_ids) for i in order], micro_batch, max_tokens)
+    chunks = [[seqs[i] for i in order[cut]] for cut in cuts]
     scored = []
     for k in range(agree_max(len(chunks), world_size, device)):
-        chunk = chunks[k] if k < len(chunks) else seqs[:micro_batch]  # a pass whose result is dropped
+        chunk = chunks[k] if k < len(chunks) else chunks[0]  # a pass whose result is dropped
         logp, _ = sampled_logprobs(model, collate(chunk, processor, device, dtype, pictures), temperature)
         if k < len(chunks):
             scored += np.split(logp.float().cpu().numpy(), np.cumsum([s.n_scored for s in chunk])[:-1])
