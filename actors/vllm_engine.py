@@ -55,11 +55,13 @@ class VLLMEngine:
         else:
             from inference.hf_backend import HFBackend
             from vlm.load import load_model
-            model, processor = load_model(model_path, device, getattr(torch, dtype), s3_cfg,
-                                          speedups=vllm_kwargs.get("speedups", True))
+            from vlm.lora_addmm import fuse_lora_updates
+            speedups = vllm_kwargs.get("speedups", True)
+            model, processor = load_model(model_path, device, getattr(torch, dtype), s3_cfg, speedups=speedups)
             self.backend = HFBackend(model, processor, device, merge_lora=vllm_kwargs.get("merge_lora", False),
                                      picture_cache_bytes=vllm_kwargs.get("picture_cache_bytes", 1 << 30),
-                                     decode_loop=vllm_kwargs.get("decode_loop", "graphs"))
+                                     decode_loop=vllm_kwargs.get("decode_loop", "graphs"),
+                                     patch_lora=fuse_lora_updates if speedups else None)
         self.adapter_version = 0  # 0 = the base model, no adapter
         self.adapter_path = None
         self.asleep = False

@@ -34,8 +34,12 @@ def distinct_prompts(requests: list[GenRequest]) -> tuple[list[GenRequest], torc
 
 class HFBackend:
     def __init__(self, model, processor, device: str = "cpu", max_batch: int = 256, merge_lora: bool = False,
-                 picture_cache_bytes: int = 1 << 30, decode_loop: str = "hf"):
+                 picture_cache_bytes: int = 1 << 30, decode_loop: str = "hf", patch_lora=None):
         self.model, self.processor, self.device, self.max_batch = model, processor, device, max_batch
+        # applied to the model once PEFT has made its LoRA layers: the engine passes vlm/lora_addmm.py's
+        # patch (each update added by one addmm on a GPU, as the trainer does: fewer kernels a decode
+        # step, and the engine's LoRA arithmetic the trainer's)
+        self.patch_lora = patch_lora
         self.merge_lora = merge_lora and device != "cpu"
         # graphs: the GraphDecoder's loop replayed as CUDA graphs (GPU only; the CPU keeps `generate`),
         # for one adapter at a time: a graph replays the LoRA layers that were active when it was
@@ -190,6 +194,8 @@ class HFBackend:
             # bf16 GPU model cast activations to fp32 and back around fp32 matmuls in each LoRA layer
             self.peft = get_peft_model(self.model, config, adapter_name=name, autocast_adapter_dtype=False)
             self.peft.eval()
+            if self.patch_lora is not None:
+                self.patch_lora(self.peft)
             self.model = self.peft
             self.decoder = None  # its graphs were captured without the LoRA layers
         elif name not in self.peft.peft_config:

@@ -41,7 +41,7 @@ class ModelConfig:
     speedups: bool = setting(
         True, "visrl's speed-ups of transformers' Qwen3-VL code, wherever the model runs (trainer, reference, hf "
               "engine): one attention call for all pictures, each distinct picture encoded once, the patch embedding as "
-              "one matmul, fused RMSNorms and the trainer's LoRA update as one addmm on a GPU, the rotary index in "
+              "one matmul, fused RMSNorms and the LoRA update as one addmm on a GPU (trainer and hf engine), the rotary index in "
               "numpy, and the hf engine's own decode loop replayed as CUDA graphs; false runs transformers' code as it "
               "is (the serve app's switch: its `speedups` argument)", visrl=True)
     compile_layers: bool = setting(

@@ -87,3 +87,18 @@ def test_on_the_gpu_under_autocast_the_addmm_path_runs_and_agrees(monkeypatch):
         got = model(x)
     assert len(calls) == 2 and got.dtype == expected.dtype
     torch.testing.assert_close(got.float(), expected.float(), atol=3e-2, rtol=2e-2)
+
+
+def test_the_hf_engine_gets_the_patch_with_its_speedups(tiny_model_dir, tmp_path):
+    """The hf engine's LoRA layers take the trainer's addmm path (on a GPU), so both compute an
+    adapter's update alike; without speedups they keep PEFT's forward."""
+    from actors.vllm_engine import VLLMEngine
+    from storage.adapters import AdapterRef
+    from tests.helpers import make_adapter
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter", seed=1)
+    flags = {}
+    for speedups in (True, False):
+        engine = VLLMEngine(tiny_model_dir, backend="hf", speedups=speedups)
+        engine.load_adapter(AdapterRef(adapter, 1))
+        flags[speedups] = [getattr(m, "_patched__addmm_forward", False) for m in lora_layers(engine.backend.model)]
+    assert flags[True] and all(flags[True]) and not any(flags[False])
