@@ -239,6 +239,11 @@ class TrainerConfig:
             raise ConfigError("trainer.gradient_checkpointing_use_reentrant=true is not supported: reentrant "
                               "checkpointing loses the LoRA gradients when a block's input comes from the frozen base "
                               "(nothing upstream needs a gradient); leave it false")
+        if self.policy.model.compile_layers and self.gradient_checkpointing:
+            raise ConfigError("trainer.policy.model.compile_layers with trainer.gradient_checkpointing=true: transformers "
+                              "runs a recomputed layer past its compiled call, so nothing would be compiled; compile "
+                              "without recompute (micro-batches bounded by trainer.max_tokens_per_micro_batch) or set "
+                              "compile_layers=false")
         if self.resume_mode == "from_path" and not self.resume_path:
             raise ConfigError("trainer.resume_mode=from_path needs trainer.resume_path")
         if self.resume_mode == "from_path" and not re.fullmatch(r"global_step_\d+",

@@ -118,6 +118,8 @@ def test_wrong_types_name_key_and_expected_type(override, words):
     (["trainer.resume_mode=from_path"], ["resume_path"]),
     (["trainer.epochs"], ["key=value"]),
     (["trainer.gradient_checkpointing_use_reentrant=true"], ["use_reentrant", "leave it false"]),
+    (["trainer.policy.model.compile_layers=true", "trainer.gradient_checkpointing=true"],
+     ["compile_layers", "nothing would be compiled", "max_tokens_per_micro_batch"]),
     (["data.long_route_repeats=0"], ["data.long_route_repeats", ">= 1"]),
     (["data.long_route_share=1.5"], ["data.long_route_share", "between 0 and 1"]),
     (["data.junction_start_share=-0.1"], ["data.junction_start_share", "between 0 and 1"]),
