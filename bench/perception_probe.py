@@ -83,23 +83,10 @@ def probe_size(vision, processor, size: int, steps: int, seed: int) -> dict:
     return report
 
 
-def block_ids(env) -> np.ndarray:
-    """Which block covers each cell of a sliding-block picture (target board, gap, current board):
-    0 empty, -1 the gap column, as rows x (2 x columns + 1)."""
-    from envs.sliding_block import COLS, ROWS, SIZES
-    cells = np.zeros((ROWS, 2 * COLS + 1), np.int64)
-    cells[:, COLS] = -1
-    for left, positions in ((0, env.target), (COLS + 1, env.positions)):
-        for block, (r, c) in positions.items():
-            h, w = SIZES[block]
-            cells[r:r + h, left + c:left + c + w] = block
-    return cells
-
-
 def block_features(vision, processor, first_seed: int, n: int, cell_px: int) -> tuple[torch.Tensor, np.ndarray]:
     """Picture tokens of n sliding-block pictures (one token a cell, both boards) and each cell's
     block id (0 empty, -1 the gap between the boards)."""
-    from envs.sliding_block import SlidingBlockEnv
+    from envs.sliding_block import SlidingBlockEnv, block_ids
     images, labels = [], []
     for k in range(n):
         env = SlidingBlockEnv(shuffle_moves=1 + (first_seed + k) % 12, cell_px=cell_px)

@@ -177,6 +177,18 @@ class SlidingBlockEnv(StopToWinEnv):
                 "turn": self.turn, "solved": key(self.positions) == key(self.target)}
 
 
+def block_ids(env: SlidingBlockEnv) -> np.ndarray:
+    """Which block covers each cell of the picture (target board, gap, current board), as rows x
+    (2 x columns + 1): 0 empty, -1 the gap column. A perception probe's labels."""
+    cells = np.zeros((ROWS, 2 * COLS + 1), np.int64)
+    cells[:, COLS] = -1
+    for left, positions in ((0, env.target), (COLS + 1, env.positions)):
+        for block, (r, c) in positions.items():
+            h, w = SIZES[block]
+            cells[r:r + h, left + c:left + c + w] = block
+    return cells
+
+
 # 3x5 glyphs of the digits, one string of 15 pixels a digit, read row by row
 _GLYPHS = ["111101101101111", "010110010010111", "111001111100111", "111001111001111", "101101111001001",
            "111100111001111", "111100111101111", "111001001001001", "111101111101111", "111101111001111"]

@@ -64,3 +64,26 @@ def test_perception_pictures_take_each_size_in_turn_and_label_every_floor_cell()
                 dr, dc = DELTAS[move[cell]]
                 assert distance[cell[0] + dr, cell[1] + dc] == distance[cell] - 1
         assert (move[env.maze != 0] == -1).all() and (distance[env.maze != 0] == -1).all()
+
+
+def test_block_perception_trains_the_tower_alone_on_both_pictures():
+    """Stage C0 (--block-perception-steps): block ids on sliding-block pictures and the maze's moves,
+    one label a picture token; only the vision tower moves, the language layers keep stage B's weights."""
+    import torch
+    from safetensors.torch import load_model
+
+    from envs.prompt import tokenizer_corpus
+    from sft.embedded_base import block_perception_stage, block_pictures
+    from vlm.build import EmbeddedArch, build_random_base
+    images, labels = block_pictures(5, 4, 16)
+    assert [image.shape[:2] for image in images] == [(80, 144)] * 4 and all(len(ids) == 5 * 9 for ids in labels)
+    assert all(set(ids) == set(range(-1, 11)) for ids in labels)  # every block, empty cells and the gap
+    arch = EmbeddedArch()
+    model, processor = build_random_base(arch, 0, tokenizer_corpus())
+    load_model(model, "assets/maze-vl-base/model.safetensors")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model.train()
+    accuracy = block_perception_stage(model, processor, arch, 3, 8, 1e-3, 0, (9, 11))
+    assert set(accuracy) == {"blocks", "nine_or_ten", "maze_moves"} and all(0 <= v <= 1 for v in accuracy.values())
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all(n.startswith("model.visual.") for n in moved)

@@ -96,9 +96,9 @@ def test_its_splits_use_disjoint_seed_ranges(tmp_path):
 
 
 def test_the_block_probe_labels_each_cell_with_the_block_drawn_there():
-    """bench/perception_probe.py --blocks: a cell's label is the block whose colour fills that cell."""
-    from bench.perception_probe import block_ids
-    from envs.sliding_block import COLOURS, SIZES, SlidingBlockEnv
+    """The block-id labels (bench/perception_probe.py --blocks, the base's stage C0): a cell's label is
+    the block whose colour fills that cell."""
+    from envs.sliding_block import COLOURS, SIZES, SlidingBlockEnv, block_ids
     env = SlidingBlockEnv(shuffle_moves=6, cell_px=16)
     env.reset(seed=3)
     image, ids = env.render(), block_ids(env)
