@@ -24,7 +24,8 @@ Without stage A, SFT alone left this shape far from solving mazes (docs/embedded
 what each stage measured).
 
 Everything is seeded (torch, the maze seeds, the move noise) and runs on fixed threads, so a
-rebuild from the same seed reproduces the shipped model byte for byte.
+rebuild from the same seed at the same commit reproduces the shipped model byte for byte (a later
+commit's forward may sum in another order: docs/embedded-base.md).
 """
 from __future__ import annotations
 
