@@ -25,7 +25,7 @@ from tqdm import tqdm
 from envs.actions import ACTIONS
 from envs.expert import goal_fields, junctions
 from envs.maze import MazeEnv
-from sft.embedded_base import maze_pictures
+from sft.embedded_base import block_pictures, maze_pictures
 from vlm.load import load_model
 
 TRAIN_SEEDS = 40_000_000   # far from every set the project trains or evaluates on
@@ -86,14 +86,7 @@ def probe_size(vision, processor, size: int, steps: int, seed: int) -> dict:
 def block_features(vision, processor, first_seed: int, n: int, cell_px: int) -> tuple[torch.Tensor, np.ndarray]:
     """Picture tokens of n sliding-block pictures (one token a cell, both boards) and each cell's
     block id (0 empty, -1 the gap between the boards)."""
-    from envs.sliding_block import SlidingBlockEnv, block_ids
-    images, labels = [], []
-    for k in range(n):
-        env = SlidingBlockEnv(shuffle_moves=1 + (first_seed + k) % 12, cell_px=cell_px)
-        env.reset(seed=first_seed + k)
-        env.positions = env.target if k % 2 else env.positions  # half the current boards solved, half not
-        images.append(env.render())
-        labels.append(block_ids(env).reshape(-1))
+    images, labels = block_pictures(first_seed, n, cell_px)
     enc = processor.image_processor(images=images, return_tensors="pt")
     with torch.no_grad():
         features = vision(enc["pixel_values"], grid_thw=enc["image_grid_thw"]).pooler_output
