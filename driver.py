@@ -107,9 +107,10 @@ def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
     metrics |= {"train/sequences": len(items), "train/tokens": sum(len(it.seq.input_ids) for it in items)}
 
     if items:  # a batch whose groups all scored alike carries no gradient
-        if t.placement.colocate_all and g.inference_engine.enable_sleep:
+        if fleet.takes_turns:
             with phases("sleep"):
                 fleet.engines.sleep()  # free the engines' memory while the shards work
+                fleet.trainer.reload()  # the shards' weights back from host memory, if offloaded
 
         # 5. reference log-probs for the KL term: each rank's share goes to the object store once, and
         #    the ref shards' results stay there for the policy shards

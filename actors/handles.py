@@ -137,6 +137,13 @@ class TrainingClient:
     def save_adapter(self, folder: str) -> None:
         call_all(self.policy, "save_adapter", [(folder,)] * len(self.policy))
 
+    def offload(self) -> float:
+        """The policy shards' weights to host memory while colocated engines generate; the GiB one moved."""
+        return max(call_all(self.policy, "offload"), default=0.0)
+
+    def reload(self) -> None:
+        call_all(self.policy, "reload")
+
     def state_dict(self) -> dict:
         return call_all(self.policy, "state_dict")[0]
 

@@ -10,6 +10,7 @@ a checkpoint loads at any world size.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from contextlib import contextmanager, nullcontext
@@ -28,6 +29,15 @@ from telemetry.collectives import CollectiveRecorder
 from vlm.forward import agree_max, collate, cut_micro_batches, micro_batch_order, sampled_logprobs, score_seqs
 from vlm.load import release_cached_memory
 from vlm.sharding import group_names, init_distributed, shard_model, staging_device
+
+
+def resident(method):
+    """The weights back on the device first, if offload() sent them to host memory."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        self.reload()
+        return method(self, *args, **kwargs)
+    return run
 
 
 class FSDPPolicyShard:
@@ -53,6 +63,7 @@ class FSDPPolicyShard:
         if threads:
             torch.set_num_threads(threads)
         self.model = None
+        self.offloaded = False  # the weights in host memory while colocated engines generate (offload)
 
     # ---- set-up -------------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -94,7 +105,29 @@ class FSDPPolicyShard:
         self.optimizer_steps = 0
         return sum(p.numel() for p in params)
 
+    # ---- taking turns with colocated engines ----------------------------------------------------
+    def offload(self) -> float:
+        """Free this GPU for the engines that share it while they generate (colocate_all, as SkyRL
+        does): the model's weights, the frozen base's and the LoRA's, move to host memory; the first
+        call that needs them brings them back (reload). The optimizer's state stays (LoRA's alone:
+        small). Returns the GiB moved; nothing moves on the CPU or with cpu_offload (there already)."""
+        if not self.device.startswith("cuda") or self.cpu_offload or self.offloaded:
+            return 0.0
+        moved = sum(p.numel() * p.element_size() for p in self.model.parameters()) / 2**30
+        with torch.no_grad():
+            self.model.to("cpu")  # FSDP2 re-points its shards (FSDPModule._apply)
+        self.offloaded = True
+        release_cached_memory(self.device)
+        return moved
+
+    def reload(self) -> None:
+        if self.offloaded:
+            with torch.no_grad():
+                self.model.to(self.device)
+            self.offloaded = False
+
     # ---- forward passes -----------------------------------------------------------------------
+    @resident
     def logprobs(self, items: list, temperature: float = 1.0, micro_batch: int = 16) -> dict[int, np.ndarray]:
         """{item key: log-probs of its sampled tokens} under the current policy."""
         self.model.eval()
@@ -118,6 +151,7 @@ class FSDPPolicyShard:
         release_cached_memory(self.device)
         return scored
 
+    @resident
     def train(self, items: list, algo: AlgorithmConfig, temperature: float = 1.0, micro_batch: int = 16,
               epochs: int = 1, *ref_logprobs: dict) -> dict:
         """One GRPO batch on this rank's rl.batch.TrainItem share (token weights already global).
@@ -247,6 +281,7 @@ class FSDPPolicyShard:
         return get_model_state_dict(self.model, options=StateDictOptions(
             full_state_dict=True, cpu_offload=True, ignore_frozen_params=True))
 
+    @resident
     def save_adapter(self, folder: str) -> str | None:
         """Write the full adapter (PEFT layout) to `folder` atomically; rank 0 writes, all gather."""
         from peft import get_peft_model_state_dict
@@ -269,6 +304,7 @@ class FSDPPolicyShard:
         replace_dir(tmp, folder)
         return str(folder)
 
+    @resident
     def state_dict(self) -> dict | None:
         """Optimizer (gathered to full tensors) and scheduler state; rank 0 returns it. The LoRA
         weights travel as the adapter (save_adapter), so a checkpoint holds them once."""
@@ -280,6 +316,7 @@ class FSDPPolicyShard:
         return {"optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
                 "optimizer_steps": self.optimizer_steps, "torch_rng": torch.get_rng_state()}
 
+    @resident
     def load_state_dict(self, state: dict) -> None:
         """Restore from {"lora": PEFT adapter tensors, "optimizer", "scheduler", ...} at any world size."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
@@ -289,6 +326,7 @@ class FSDPPolicyShard:
         self.optimizer_steps = int(state["optimizer_steps"])
         torch.set_rng_state(state["torch_rng"])
 
+    @resident
     def load_adapter_weights(self, lora: dict) -> None:
         """Start from another run's adapter (PEFT tensors): its weights, this run's fresh optimizer."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -8,9 +8,10 @@ Each shape is built straight on the GPU from its config (bf16, random weights: n
 weights carried), saved with the project's tokenizer and a Qwen3-VL processor with patch 16 and
 merge 2 (so `environment.cell_px=32` gives 81 picture tokens), then `python driver.py` runs each
 workload with each engine, one run after another on the same saved model: LoRA r32 on all linear
-layers, 8 samples a prompt, 5 turns, KL on, old log-probs recomputed by the policy (so the
+layers, 8 samples a prompt, 5 turns (15 for `reference`), KL on, old log-probs recomputed by the policy (so the
 engine-vs-trainer gap is measured). Workloads: `short` (issue 14's: 8 prompts, 16 new tokens a
-turn) and `decode` (closer to the reference run's: 24 prompts, 128 new tokens a turn). Random
+turn), `decode` (closer to the reference run's: 24 prompts, 128 new tokens a turn) and `reference` (one
+engine's share of the reference run: 4 prompts x 8 samples, 15 turns, 256 new tokens a turn). Random
 weights earn no reward: these runs measure time and memory, not learning.
 
 Columns (means over the steps after the first, which warms up): phase seconds from timing/*,
@@ -94,19 +95,22 @@ def build(shape: str, out: Path) -> int:
     return n
 
 
-WORKLOADS = {  # prompts a step, new tokens a turn
-    "short": (8, 16),
-    "decode": (24, 128),
+WORKLOADS = {  # prompts a step (8 samples each), new tokens a turn, turns
+    "short": (8, 16, 5),
+    "decode": (24, 128, 5),
+    # one engine's share of the reference run: 24 prompts x 8 samples over 6 engines, 15 turns; its
+    # answers may run to 1,024 tokens, a random-weight model always does, so 256 stands for a long one
+    "reference": (4, 256, 15),
 }
 
 
 def workload(model: Path, run: Path, steps: int, name: str = "short") -> list[str]:
-    prompts, tokens = WORKLOADS[name]
+    prompts, tokens, turns = WORKLOADS[name]
     return [f"trainer.policy.model.path={model}", f"trainer.run_dir={run}", f"trainer.ckpt_path={run}/ckpts",
             f"trainer.export_path={run}/exports", f"data.dataset_dir={run}/data", "trainer.device=cuda",
             "trainer.resume_mode=none", "trainer.epochs=1", f"data.train_size={prompts * steps}",
             f"trainer.train_batch_size={prompts}", f"trainer.policy_mini_batch_size={prompts}",
-            "generator.n_samples_per_prompt=8", "generator.max_turns=5", "data.solvable_only=false",
+            "generator.n_samples_per_prompt=8", f"generator.max_turns={turns}", "data.solvable_only=false",
             f"generator.sampling_params.max_generate_length={tokens}",
             f"generator.eval_sampling_params.max_generate_length={tokens}", "environment.cell_px=32",
             "trainer.policy.model.lora.rank=32", "trainer.policy.model.lora.alpha=32",

@@ -73,6 +73,12 @@ class Fleet:
         # where each step's rollouts come from: generated in the step, or while the step before trained
         self.rollouts = RolloutsAhead(self) if cfg.trainer.fully_async.enabled else Rollouts(self)
 
+    @property
+    def takes_turns(self) -> bool:
+        """Engines and shards take turns on each device (colocate_all with sleep): the engines sleep
+        while the shards work, and the shards' weights wait in host memory while the engines generate."""
+        return self.cfg.trainer.placement.colocate_all and self.cfg.generator.inference_engine.enable_sleep
+
     # ---- start and stop ---------------------------------------------------------------------------
     def start(self, timeout_s: float | None = None) -> float:
         """Place and start the actors (the groups wait up to `timeout_s`, default

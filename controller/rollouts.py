@@ -47,13 +47,16 @@ class Rollouts:
         with phases("sample"):
             rows, epoch = state.sampler.next_batch()
             tasks = rollout_tasks(rows, step, g.n_samples_per_prompt)
+        metrics = {}
         with phases("wake"):
+            if self.fleet.takes_turns:  # the shards' weights make room for the engines' cache (GPUs only)
+                metrics["memory/trainer_offloaded_gib"] = self.fleet.trainer.offload()
             self.fleet.engines.wake_up()
         with phases("generate"):
             episodes = self.fleet.runner.run(tasks, training_sampling(self.fleet.cfg, step), state.version,
                                              between_turns=preemption.check)
         state.sampler.record_outcomes(episodes)  # mixed groups queue their maze for replay (data.replay_share)
-        return episodes, epoch, {"seconds": phases.seconds["generate"], "metrics": {}}
+        return episodes, epoch, {"seconds": phases.seconds["generate"], "metrics": metrics}
 
     def publish(self, adapter: AdapterRef, phases) -> None:
         """The trainer's new adapter, written to shared storage: every engine loads it now."""

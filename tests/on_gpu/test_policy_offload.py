@@ -1,0 +1,46 @@
+"""The policy shard takes turns with colocated engines: offload() moves its weights to host memory and
+frees the GPU's copy while the engines generate; the next call that needs them brings them back, and
+the shard then trains exactly as one that never left the GPU.
+
+Needs CUDA: skipped elsewhere (CI has no GPU); on a GPU machine run `python -m pytest tests/on_gpu`.
+"""
+import pytest
+import torch
+
+from actors.policy_shard import FSDPPolicyShard
+from net import free_port
+from tests.fsdp_worker import ALGORITHM
+from tests.helpers import make_items
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def lora(shard) -> dict:
+    return {n: p.detach().cpu().clone() for n, p in shard.model.named_parameters() if p.requires_grad}
+
+
+def test_an_offloaded_shard_frees_its_weights_and_trains_as_one_never_offloaded(tiny_model_dir):
+    batch = make_items(tiny_model_dir)
+    port = free_port()
+    stays, moves = (FSDPPolicyShard(tiny_model_dir, device="cuda", dtype="bfloat16", lora={"rank": 4, "alpha": 8},
+                                    optimizer={"lr": 1e-2}, seed=0) for _ in range(2))
+    for shard in (stays, moves):
+        shard.setup("127.0.0.1", port)  # one process: the second joins the first's group of one
+        shard.train(batch["items"], ALGORITHM, 1.0, 2, 1, batch["ref"])
+
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    weights = sum(p.numel() * p.element_size() for p in moves.model.parameters())
+    assert moves.offload() * 2**30 == pytest.approx(weights)
+    assert all(p.device.type == "cpu" for p in moves.model.parameters())
+    assert held - torch.cuda.memory_allocated() >= weights  # the GPU's copy is gone, not just unused
+
+    # the next train brings the weights back by itself: both shards take their second step alike
+    second = [shard.train(batch["items"], ALGORITHM, 1.0, 2, 1, batch["ref"]) for shard in (stays, moves)]
+    assert not moves.offloaded and all(p.device.type == "cuda" for p in moves.model.parameters())
+    for key in ("policy_loss", "policy_kl", "grad_norm", "entropy"):
+        assert second[1][key] == pytest.approx(second[0][key], rel=1e-5, abs=1e-7), key
+    after_stays, after_moves = lora(stays), lora(moves)
+    for name, value in after_stays.items():
+        torch.testing.assert_close(after_moves[name], value, rtol=0, atol=0)
+    assert any((v != 0).any() for n, v in after_moves.items() if "lora_B" in n)  # the updates did happen
