@@ -49,8 +49,9 @@ class Rollouts:
             tasks = rollout_tasks(rows, step, g.n_samples_per_prompt)
         metrics = {}
         with phases("wake"):
-            if self.fleet.takes_turns:  # the shards' weights make room for the engines' cache (GPUs only)
-                metrics["memory/trainer_offloaded_gib"] = self.fleet.trainer.offload()
+            # the shards' weights make room for the engines' cache (on GPUs; nothing moves on the CPU)
+            if self.fleet.takes_turns and (moved := self.fleet.trainer.offload()):
+                metrics["memory/trainer_offloaded_gib"] = moved
             self.fleet.engines.wake_up()
         with phases("generate"):
             episodes = self.fleet.runner.run(tasks, training_sampling(self.fleet.cfg, step), state.version,
