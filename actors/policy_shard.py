@@ -64,6 +64,7 @@ class FSDPPolicyShard:
             torch.set_num_threads(threads)
         self.model = None
         self.offloaded = False  # the weights in host memory while colocated engines generate (offload)
+        self.host_base = None   # {frozen parameter: its page-locked host copy}, one device's model only
 
     # ---- set-up -------------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -115,16 +116,36 @@ class FSDPPolicyShard:
             return 0.0
         moved = sum(p.numel() * p.element_size() for p in self.model.parameters()) / 2**30
         with torch.no_grad():
-            self.model.to("cpu")  # FSDP2 re-points its shards (FSDPModule._apply)
+            if isinstance(self.model, FSDPModule):
+                self.model.to("cpu")  # FSDP2 re-points its shards (FSDPModule._apply)
+            else:
+                self._weights_to_host()
         self.offloaded = True
         release_cached_memory(self.device)
         return moved
 
+    def _weights_to_host(self) -> None:
+        """One device's model (not wrapped in FSDP): the frozen base never changes, so one page-locked
+        host copy, made at the first offload, serves every later one (nothing is copied back, and the
+        reload reads pinned memory), as the hf engine's sleep keeps its own; the LoRA weights move."""
+        if self.host_base is None:
+            self.host_base = {p: torch.empty(p.shape, dtype=p.dtype, pin_memory=True).copy_(p.data, non_blocking=True)
+                              for p in self.model.parameters() if not p.requires_grad}
+            torch.cuda.synchronize()
+        for p in self.model.parameters():
+            p.data = self.host_base[p] if p in self.host_base else p.data.to("cpu")
+
     def reload(self) -> None:
-        if self.offloaded:
-            with torch.no_grad():
+        if not self.offloaded:
+            return
+        with torch.no_grad():
+            if isinstance(self.model, FSDPModule):
                 self.model.to(self.device)
-            self.offloaded = False
+            else:
+                for p in self.model.parameters():
+                    p.data = p.data.to(self.device, non_blocking=True)
+                torch.cuda.synchronize()
+        self.offloaded = False
 
     # ---- forward passes -----------------------------------------------------------------------
     @resident

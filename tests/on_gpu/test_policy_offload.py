@@ -1,6 +1,7 @@
 """The policy shard takes turns with colocated engines: offload() moves its weights to host memory and
 frees the GPU's copy while the engines generate; the next call that needs them brings them back, and
-the shard then trains exactly as one that never left the GPU.
+the shard then trains exactly as one that never left the GPU. One device's model keeps one
+page-locked copy of its frozen base for every offload.
 
 Needs CUDA: skipped elsewhere (CI has no GPU); on a GPU machine run `python -m pytest tests/on_gpu`.
 """
@@ -34,6 +35,13 @@ def test_an_offloaded_shard_frees_its_weights_and_trains_as_one_never_offloaded(
     assert moves.offload() * 2**30 == pytest.approx(weights)
     assert all(p.device.type == "cpu" for p in moves.model.parameters())
     assert held - torch.cuda.memory_allocated() >= weights  # the GPU's copy is gone, not just unused
+
+    # one device's model keeps one pinned copy of its frozen base: a later offload copies nothing back
+    frozen = [p for p in moves.model.parameters() if not p.requires_grad]
+    first_copies = [p.data.data_ptr() for p in frozen]
+    assert all(p.data.is_pinned() for p in frozen)
+    moves.reload()
+    assert moves.offload() > 0 and [p.data.data_ptr() for p in frozen] == first_copies
 
     # the next train brings the weights back by itself: both shards take their second step alike
     second = [shard.train(batch["items"], ALGORITHM, 1.0, 2, 1, batch["ref"]) for shard in (stays, moves)]
