@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
+from inference.host_copy import pinned_copies
 from inference.pictures import PicturePreprocessor
 from rl.algorithm import entropy, policy_loss
 from settings.schema import AlgorithmConfig
@@ -127,11 +128,9 @@ class FSDPPolicyShard:
     def _weights_to_host(self) -> None:
         """One device's model (not wrapped in FSDP): the frozen base never changes, so one page-locked
         host copy, made at the first offload, serves every later one (nothing is copied back, and the
-        reload reads pinned memory), as the hf engine's sleep keeps its own; the LoRA weights move."""
+        reload reads pinned memory), as the hf engine keeps its own while it sleeps; the LoRA weights move."""
         if self.host_base is None:
-            self.host_base = {p: torch.empty(p.shape, dtype=p.dtype, pin_memory=True).copy_(p.data, non_blocking=True)
-                              for p in self.model.parameters() if not p.requires_grad}
-            torch.cuda.synchronize()
+            self.host_base = pinned_copies(p for p in self.model.parameters() if not p.requires_grad)
         for p in self.model.parameters():
             p.data = self.host_base[p] if p in self.host_base else p.data.to("cpu")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from inference.graph_decode import GraphDecoder, missing_internals
+from inference.host_copy import pinned_copies
 from inference.pictures import PicturePreprocessor
 from inference.requests import GenRequest, GenResult, Sampling, never_emit_ids
 
@@ -237,9 +238,7 @@ class HFBackend:
 
     def _keep_base_copy(self) -> None:
         if self.device != "cpu" and self._base is None:
-            self._base = {p: torch.empty(p.shape, dtype=p.dtype, pin_memory=True).copy_(p.data, non_blocking=True)
-                          for p in self.model.parameters()}
-            torch.cuda.synchronize()
+            self._base = pinned_copies(self.model.parameters())
 
     def _restore_base(self) -> None:
         for p, host in self._base.items():
