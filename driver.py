@@ -78,6 +78,7 @@ def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
     from rl.batch import build_items
     from rl.metrics import rollout_metrics
     from storage import adapters
+    from telemetry.run_log import log_line
     from telemetry.timing import Phases
 
     cfg = run.cfg
@@ -153,10 +154,11 @@ def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
     if (step % t.hf_save_interval == 0 and not preempted) or last:
         with phases("export"):
             adapters.export(state.adapter, t.export_path, step, cfg.s3)
+    metrics |= {"epoch": epoch, "run/steps_left": run.total_steps - step}  # 0 at the end: a finished run, not a dead one
     if step % t.ckpt_interval == 0 or last or fleet.save_failed or preempted:
-        with phases("ckpt"):
-            metrics |= fleet.checkpoint(state, run.config_yaml)
-    return metrics | phases.metrics() | fleet.peak_memory() | {"epoch": epoch}
+        with phases("ckpt"):  # the step's line so far goes with it: a run stopped before logging it gets it back
+            metrics |= fleet.checkpoint(state, run.config_yaml, log_line(metrics | phases.metrics() | {"time": time.time()}))
+    return metrics | phases.metrics() | fleet.peak_memory()
 
 
 def evaluate_policy(run: Run, fleet, state) -> dict:
@@ -257,7 +259,8 @@ def resume(run: Run, fleet, state, resume_at: int | None):
         print(f"resumed from {t.ckpt_path if t.resume_mode == 'latest' else t.resume_path} at step {state.step} "
               f"(adapter v{state.version}) in {restore_s:.1f}s{state.in_flight_note()}", flush=True)
     log = RunLog(str(run.dir), keep_through_step=state.step if restore_s is not None else -1, logger=t.logger,
-                 project=t.project_name, run_name=t.run_name, config=asdict(run.cfg), tracker_ids=state.trackers)
+                 project=t.project_name, run_name=t.run_name, config=asdict(run.cfg), tracker_ids=state.trackers,
+                 saved_line=state.saved_line if t.resume_mode == "latest" else None)  # this run's own checkpoint
     state.trackers = log.tracker_ids()  # kept with every checkpoint from here on
     if state.step >= run.total_steps:
         print(f"the run in {run.dir} is complete ({state.step}/{run.total_steps} steps); start another with "
@@ -296,7 +299,7 @@ def fit(run: Run, fleet, state, log, pending: dict, preemption) -> None:
             if not fleet.is_actor_failure(failure):
                 raise
             recovered = fleet.recover(failure, state, step)  # rebuild the actors, reload the newest checkpoint
-            log.rewind(state.step)
+            log.rewind(state.step, state.saved_line)
             pending |= {"recovery/restarts": fleet.restarts, "recovery/steps_lost": recovered["steps_lost"]}
             bar.n = state.step
             bar.refresh()
@@ -304,8 +307,7 @@ def fit(run: Run, fleet, state, log, pending: dict, preemption) -> None:
         if recovered is not None:
             pending |= fleet.step_done_after_recovery(recovered)
             recovered = None
-        metrics |= pending | {"timing/step": time.perf_counter() - started, "time": time.time(),
-                              "run/steps_left": run.total_steps - step}  # 0 at the end: a finished run, not a dead one
+        metrics |= pending | {"timing/step": time.perf_counter() - started, "time": time.time()}
         pending = {}
         log.log(step, metrics)
         if preemption.draining:

@@ -204,16 +204,17 @@ class Fleet:
             return state.adapter
         return adapters.version_ref(self.run_dir / "adapters", version)
 
-    def checkpoint(self, state: RunState, config_yaml: str) -> dict:
-        """Save the full training state of `state.step`, in at most trainer.ckpt_timeout_s. A failed
-        save is reported and the next step saves again; with trainer.fail_on_ckpt_error it stops the run."""
+    def checkpoint(self, state: RunState, config_yaml: str, line: dict | None = None) -> dict:
+        """Save the full training state of `state.step` (and `line`, the step's metrics line when it is
+        not logged yet), in at most trainer.ckpt_timeout_s. A failed save is reported and the next step
+        saves again; with trainer.fail_on_ckpt_error it stops the run."""
         import ray
         t = self.cfg.trainer
         started = time.perf_counter()
         try:
             policy_state = self.trainer.state_dict()
             rollout = self._rollout_adapter(state)  # one-step-off: the batch in flight's, when older
-            ref = self.actors.checkpointer.save.remote(state.step, state.snapshot(self.total_steps, config_yaml),
+            ref = self.actors.checkpointer.save.remote(state.step, state.snapshot(self.total_steps, config_yaml, line),
                                                        policy_state, state.adapter.path,
                                                        rollout.path if rollout and rollout.version != state.version
                                                        else None)

@@ -24,15 +24,20 @@ class RunState:
     # one-step-off (controller/rollouts.py): the batch of step+1, drawn and being generated:
     # {"adapter_version": what it is sampled with, "sampler": the dataloader's position before it was drawn}
     ahead: dict | None = None
+    # the metrics line of the step a checkpoint saved, kept with it (telemetry.run_log.RunLog.rewind)
+    saved_line: dict | None = None
 
     @property
     def version(self) -> int:
         return self.adapter.version if self.adapter else 0
 
-    def snapshot(self, total_steps: int, config_yaml: str) -> dict:
-        """The trainer_state.json of a checkpoint (this class is the one reader and writer of its fields)."""
+    def snapshot(self, total_steps: int, config_yaml: str, line: dict | None = None) -> dict:
+        """The trainer_state.json of a checkpoint (this class is the one reader and writer of its fields);
+        `line`: the step's metrics line so far, when the save comes before it is logged."""
         snap = {"global_step": self.step, "adapter_version": self.version, "total_steps": total_steps,
                 "sampler": self.sampler.state_dict(), "config": config_yaml, "trackers": self.trackers or {}}
+        if line is not None:
+            snap["metrics_line"] = line
         if self.ahead is not None:  # the position before the batch in flight: a resume draws it again
             snap |= {"sampler": self.ahead["sampler"], "rollouts_ahead": {"adapter_version": self.ahead["adapter_version"]}}
         return snap
@@ -61,11 +66,12 @@ class RunState:
         self.sampler.load_state_dict(trainer_state["sampler"])
         self.step, self.adapter, self.best = int(trainer_state["global_step"]), adapter, best
         self.trackers = trainer_state.get("trackers") or self.trackers  # none in checkpoints from before they were kept
+        self.saved_line = trainer_state.get("metrics_line")
         ahead = trainer_state.get("rollouts_ahead")
         self.ahead = None if ahead is None else {"adapter_version": int(ahead["adapter_version"]),
                                                  "sampler": trainer_state["sampler"]}
 
     def reset(self) -> None:
         """Back to the start: step 0, the base model, the first batch of epoch 0, nothing queued for replay."""
-        self.step, self.adapter, self.best, self.ahead = 0, None, None, None
+        self.step, self.adapter, self.best, self.ahead, self.saved_line = 0, None, None, None, None
         self.sampler.reset()

@@ -133,7 +133,9 @@ def test_killed_actors_are_rebuilt_even_when_a_second_fault_hits_the_recovery(ti
 
 def test_a_killed_driver_and_a_corrupt_checkpoint_resume_without_repeating_a_step(tiny_model_dir, tmp_path):
     """SIGKILL of the driver after step 3 (checkpoint 2), rerun; then the newest checkpoint corrupted,
-    rerun: each time every step is logged once, and steps up to the checkpoint keep the first run's values."""
+    rerun: each time every step is logged once, and steps up to the checkpoint keep the first run's values.
+    Last, the driver stopped after step 4's save and before its line: the rerun takes the line from the
+    checkpoint."""
     import os
     import signal
     import subprocess
@@ -167,6 +169,12 @@ def test_a_killed_driver_and_a_corrupt_checkpoint_resume_without_repeating_a_ste
     assert third.returncode == 0 and "skipped global_step_4" in third.stdout and "at step 2" in third.stdout
     assert [h["step"] for h in read(run)] == [0, 1, 2, 3, 4] and read(run)[:3] == first[:3]
     assert tensorboard_steps(run) == [1, 2, 3, 4]
+
+    logged = read(run)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in logged[:-1]))
+    fourth = run_driver(args)
+    assert fourth.returncode == 0 and "step 4's metrics line, lost" in fourth.stdout, fourth.stderr[-2000:]
+    assert stable(read(run)) == stable(logged) and "reward/avg_raw_reward" in read(run)[-1]
 
 
 def test_checkpoint_store_faults_are_bounded_retried_and_reported(tiny_model_dir, tmp_path):
