@@ -31,15 +31,15 @@ run: $(STAMP)
 	$(PY) driver.py $(ARGS)
 
 test: $(STAMP) $(VLLM_STAMP) prometheus
-	$(PY) -m pytest -q $(ARGS)
-	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q tests/on_vllm $(ARGS)
+	$(PY) -m pytest -q --durations=15 $(ARGS)
+	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q --durations=5 tests/on_vllm $(ARGS)
 
 # the edit loop: everything but the system tests (marked slow: clusters, whole training runs), on .venv alone
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 test-vllm: $(VLLM_STAMP)
-	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q tests/on_vllm $(ARGS)
+	VISRL_VLLM_TESTS=required $(VLLM_PY) -m pytest -q --durations=5 tests/on_vllm $(ARGS)
 
 setup: $(STAMP)
 
