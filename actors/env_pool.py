@@ -43,11 +43,13 @@ class EnvPool:
             self._envs[eid] = (task, env)
             self._done.discard(eid)
             image, info = env.reset(seed=seed, options={"init_state": state} if state else None)
-            out.append({"episode_id": eid, "image": image, "info": info, "state_key": task.state_key(info)})
+            out.append({"episode_id": eid, "image": image, "info": info, "state_key": task.state_key(info),
+                        "progress": task.progress(info)})
         return out
 
     def step(self, episode_ids: list[str], answers: list) -> list[dict]:
-        """One turn for each listed episode: {episode_id, image, reward, terminated, truncated, info, state_key}."""
+        """One turn for each listed episode: {episode_id, image, reward, terminated, truncated, info, state_key,
+        progress}."""
         if len(episode_ids) != len(answers):
             raise ValueError(f"{len(episode_ids)} episode ids but {len(answers)} answers")
         unknown = [e for e in episode_ids if e not in self._envs]
@@ -61,7 +63,8 @@ class EnvPool:
             if terminated or truncated:
                 self._done.add(eid)
             out.append({"episode_id": eid, "image": image, "reward": reward, "terminated": terminated,
-                        "truncated": truncated, "info": info, "state_key": task.state_key(info)})
+                        "truncated": truncated, "info": info, "state_key": task.state_key(info),
+                        "progress": task.progress(info)})
         return out
 
     def close(self, episode_ids: list[str] | None = None) -> int:

@@ -44,6 +44,11 @@ class Environment:
         one group's episodes that start from equal keys are one step group)."""
         raise NotImplementedError
 
+    def progress(self, info: dict) -> float:
+        """How near the env's state after a step is to the goal, from 0 to 1 (GiGPO's
+        `progress_reward` shapes the step-level rewards with it); 0 where the task says nothing."""
+        return 0.0
+
     def make_rows(self, seed_start: int, count: int, max_turns: int, solvable_only: bool = True) -> list[dict]:
         """`count` rows from seeds upwards of `seed_start`; with solvable_only, only instances the
         expert finishes within max_turns."""

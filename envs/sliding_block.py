@@ -174,7 +174,8 @@ class SlidingBlockEnv(StopToWinEnv):
 
     def info(self, valid: bool) -> dict:
         return {"positions": key(self.positions), "feedback": self.feedback, "valid_action": valid,
-                "turn": self.turn, "solved": key(self.positions) == key(self.target)}
+                "turn": self.turn, "solved": key(self.positions) == key(self.target),
+                "placed": sum(self.positions[b] == self.target[b] for b in self.target)}
 
 
 def block_ids(env: SlidingBlockEnv) -> np.ndarray:

@@ -64,6 +64,9 @@ class SlidingBlockTask(Environment):
     def state_key(self, info: dict) -> tuple:
         return info["positions"]
 
+    def progress(self, info: dict) -> float:
+        return info["placed"] / len(SOLVED)
+
     def make_rows(self, seed_start: int, count: int, max_turns: int, solvable_only: bool = True) -> list[dict]:
         return make_rows(self.name, seed_start, count, max_turns, solvable_only)[0]
 

@@ -99,12 +99,14 @@ def discounted_returns(rewards, gamma: float) -> np.ndarray:
     return out
 
 
-def step_rewards(turns, stay_penalty: float) -> list[float]:
+def step_rewards(turns, stay_penalty: float, progress_reward: float = 0.0) -> list[float]:
     """Each turn's env reward, less `stay_penalty` where the next turn starts from the same state: a
     greedy agent that repeats a move into a wall sees the same input again and loops until its turns
     run out, and in a group where every episode fails the env's rewards alone say nothing about it.
-    The last turn has no next state and is never penalised."""
-    return [t.reward - (stay_penalty if k + 1 < len(turns) and turns[k + 1].state == t.state else 0.0)
+    The last turn has no next state and is never penalised. Plus `progress_reward` times how much
+    nearer the goal the turn's action took the env (a difference of potentials: no loop pays)."""
+    return [t.reward + progress_reward * t.progress
+            - (stay_penalty if k + 1 < len(turns) and turns[k + 1].state == t.state else 0.0)
             for k, t in enumerate(turns)]
 
 
@@ -116,7 +118,8 @@ def gigpo_advantages(cfg: AlgorithmConfig, episodes) -> list[np.ndarray]:
     in one episode included) form a step group; each turn's discounted return (`gigpo.gamma`) is
     compared with its step group's, normalised like the episode level (`grpo_norm_by_std`)."""
     episode_adv = group_relative([ep.reward for ep in episodes], [ep.group for ep in episodes], cfg.grpo_norm_by_std)
-    returns = [discounted_returns(step_rewards(ep.turns, cfg.gigpo.stay_penalty), cfg.gigpo.gamma) for ep in episodes]
+    g = cfg.gigpo
+    returns = [discounted_returns(step_rewards(ep.turns, g.stay_penalty, g.progress_reward), g.gamma) for ep in episodes]
     keys = [(ep.group, t.state) for ep in episodes for t in ep.turns]
     step_adv = group_relative(np.concatenate(returns) if returns else [], keys, cfg.grpo_norm_by_std)
     out, i = [], 0

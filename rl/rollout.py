@@ -41,6 +41,7 @@ class Turn:
     valid_action: bool = True
     state: Hashable = None      # the env state the turn started from (Environment.state_key): GiGPO's anchor
     reward: float = 0.0         # what the env paid for this turn's action
+    progress: float = 0.0       # how much nearer the goal its action took the env (Environment.progress)
 
 
 @dataclass
@@ -114,12 +115,12 @@ class RolloutRunner:
                     for t in tasks}
         starts = self.env.reset([t.episode_id for t in tasks], seeds=[t.seed for t in tasks],
                                 init_states=[t.init_state for t in tasks], env_ids=[t.env_id for t in tasks])
-        pieces, state = {}, {}  # episode id -> (user turn texts, answer ids); -> its env's state key
+        pieces, state, progress = {}, {}, {}  # episode id -> (user turn texts, answer ids); -> its env's state key, progress
         for s in starts:
             ep = episodes[s["episode_id"]]
             ep.images.append(s["image"])
             pieces[ep.episode_id] = ([""], [])
-            state[ep.episode_id] = s["state_key"]
+            state[ep.episode_id], progress[ep.episode_id] = s["state_key"], s["progress"]
         live = [t.episode_id for t in tasks]
         for turn in range(self.max_turns):
             if between_turns is not None:
@@ -150,8 +151,9 @@ class RolloutRunner:
                 ep.turns[-1].feedback = st["info"]["feedback"]
                 ep.turns[-1].valid_action = st["info"]["valid_action"]
                 ep.turns[-1].reward = st["reward"]
+                ep.turns[-1].progress = st["progress"] - progress[eid]
                 ep.reward += st["reward"]
-                state[eid] = st["state_key"]
+                state[eid], progress[eid] = st["state_key"], st["progress"]
                 if st["terminated"] or st["truncated"]:
                     ep.stop_reason = "stop" if st["terminated"] else "truncated"
                     continue

@@ -115,6 +115,27 @@ def test_gigpo_stay_penalty_gives_a_group_of_failures_a_signal_against_the_repea
     assert a[0] > 0 > b[0]
 
 
+def test_gigpo_progress_reward_tells_a_group_of_failures_which_first_move_went_towards_the_goal():
+    """Both episodes fail from the same start: without the progress reward every advantage is zero.
+    With it, A's first move (a block onto its target cell, +0.1) beats B's (one off it, -0.1), and a
+    move that is undone pays nothing in sum; the episode level stays zero."""
+    A = walk("A", 0, [(1, 1), (1, 2), (1, 3)], 0.0)
+    B = walk("B", 0, [(1, 1), (2, 1), (1, 1)], 0.0)
+    for turn, gain in zip(A.turns + B.turns, [0.1, 0.0, 0.0, -0.1, 0.1, 0.0]):
+        turn.progress = gain
+    cfg = AlgorithmConfig(advantage_estimator="gigpo", grpo_norm_by_std=False)
+    cfg.gigpo.gamma = 0.5
+    assert not np.any(np.concatenate(compute_advantages(cfg, [A, B])))
+    cfg.gigpo.progress_reward = 2.0
+    a, b = compute_advantages(cfg, [A, B])
+    # returns: A 0.2, 0, 0; B -0.2 + 0.5 * 0.2 = -0.1, 0.2, 0. Step group (1,1): A's turn 0, B's turns 0
+    # and 2, mean (0.2 - 0.1 + 0) / 3; the others are alone in theirs (advantage 0)
+    m = 0.1 / 3
+    np.testing.assert_allclose(a, [0.2 - m, 0, 0], atol=1e-12)
+    np.testing.assert_allclose(b, [-0.1 - m, 0, 0 - m], atol=1e-12)
+    assert a[0] > 0 > b[0]
+
+
 def test_per_turn_advantages_reach_exactly_their_turns_tokens():
     from rl.batch import build_items
     A = walk("A", 0, [(1, 1), (1, 2), (1, 1), (1, 3)], 1.0)

@@ -7,7 +7,7 @@ import pytest
 from actors.env_pool import EnvPool
 from envs.registry import get_environment
 from envs.sliding_block import DIRECTIONS, INVALID_ACTION, SOLVED, SlidingBlockEnv, parse_move, shortest_moves
-from envs.sliding_block_task import make_rows
+from envs.sliding_block_task import make_rows, move_text
 
 
 def test_moves_walls_and_blocks():
@@ -83,6 +83,13 @@ def test_through_the_env_pool_and_the_registry(tmp_path):
     assert starts[0]["state_key"] == starts[1]["state_key"]  # both start from the solved layout
     out = pool.step(["a", "b"], ["<action>9 down</action>", "<action>1 up</action>"])
     assert out[0]["state_key"] != out[1]["state_key"] and out[1]["state_key"] == starts[1]["state_key"]
+    # the progress GiGPO's progress_reward reads: the share of blocks on their target cells, 1 when solved
+    target = {int(b): tuple(p) for b, p in rows[0]["target"].items()}
+    assert starts[0]["progress"] == sum(SOLVED[b] == target[b] for b in SOLVED) / len(SOLVED) < 1
+    pool.reset(["a"], seeds=[rows[0]["seed"]], init_states=[environment.init_state(rows[0])])
+    for block, direction in shortest_moves(dict(SOLVED), target):
+        [step] = pool.step(["a"], [move_text(block, direction)])
+    assert step["progress"] == 1.0 and step["info"]["solved"]
 
 
 def test_its_splits_use_disjoint_seed_ranges(tmp_path):
@@ -109,3 +116,29 @@ def test_the_block_probe_labels_each_cell_with_the_block_drawn_there():
         corner = tuple(image[r * 16 + 2, c * 16 + 2])  # inside the outline, clear of the digit
         want = (255, 255, 255) if ids[r, c] == 0 else (128, 128, 128) if ids[r, c] < 0 else COLOURS[SIZES[ids[r, c]]]
         assert corner == want, (r, c, ids[r, c])
+
+
+
+def test_a_rollout_records_how_much_nearer_the_goal_each_turn_went():
+    """Turn.progress, what GiGPO's progress_reward reads: the change a turn made to the share of blocks
+    on their target cells. The expert's moves then stop: the gains add up to what was left to place."""
+    from inference.requests import GenResult, Sampling
+    from rl.inputs import make_prompters
+    from rl.rollout import RolloutRunner, rollout_tasks
+    from settings import load_config
+    from vlm.processor import load_processor
+    [row] = get_environment("sliding_block/easy").make_rows(0, 1, 10)
+    target = {int(b): tuple(p) for b, p in row["target"].items()}
+    answers = iter([move_text(b, d) for b, d in shortest_moves(dict(SOLVED), target)] + ["<action>stop</action>"])
+
+    def play(requests, sampling, version):
+        return [GenResult([1], [0.0], next(answers), "stop", version, len(r.prompt_ids)) for r in requests]
+
+    cfg = load_config(None, ["environment.env_class=sliding_block/easy"])
+    runner = RolloutRunner(play, EnvPool("sliding_block/easy", 16, 10),
+                           make_prompters(load_processor("assets/maze-vl-base"), cfg), 10, 4096)
+    [episode] = runner.run(rollout_tasks([row], 0, 1), Sampling(max_new_tokens=8), 0)
+    start = sum(SOLVED[b] == target[b] for b in SOLVED) / len(SOLVED)
+    gains = [t.progress for t in episode.turns]
+    assert episode.reward == 1.0 and len(gains) == row["optimal_moves"] + 1
+    assert abs(sum(gains) - (1.0 - start)) < 1e-9 and gains[-1] == 0.0  # the stop moves nothing
