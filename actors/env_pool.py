@@ -9,6 +9,8 @@ GiGPO's step groups compare.
 """
 from __future__ import annotations
 
+import random
+
 import gymnasium as gym
 
 from envs.base import Environment
@@ -66,6 +68,15 @@ class EnvPool:
                         "truncated": truncated, "info": info, "state_key": task.state_key(info),
                         "progress": task.progress(info)})
         return out
+
+    def random_answers(self, episode_ids: list[str], seeds: list[int]) -> list[str]:
+        """A random action's answer for each listed live episode (its task's `random_answer`, drawn
+        by `random.Random(seed)`): the rollouts' exploration (generator.explore_revisits)."""
+        unknown = [e for e in episode_ids if e not in self._envs or e in self._done]
+        if unknown:
+            raise ValueError(f"no live episodes {unknown[:5]}")
+        return [self._envs[eid][0].random_answer(self._envs[eid][1], random.Random(seed))
+                for eid, seed in zip(episode_ids, seeds)]
 
     def close(self, episode_ids: list[str] | None = None) -> int:
         """Forget episodes (all when None); returns how many are still held."""

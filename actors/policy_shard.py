@@ -273,7 +273,10 @@ class FSDPPolicyShard:
                                                 for it, v in zip(chunk, values)]), device=dev)
 
         def flat(table):
-            return torch.tensor(np.concatenate([table[it.key] for it in chunk]), device=dev)
+            # NaN marks a token no engine sampled (an exploratory action, rl/rollout.py): this pass's
+            # own log-prob stands in, so its ratio is 1 and it trains as if sampled
+            values = torch.tensor(np.concatenate([table[it.key] for it in chunk]), device=dev)
+            return torch.where(torch.isnan(values), logp.detach().to(values.dtype), values)
 
         weights = per_token([it.token_weight for it in chunk]) * scale  # global: sums to 1 per mini-batch
         advantages = torch.tensor(np.concatenate([it.advantage for it in chunk]), device=dev)
@@ -398,7 +401,8 @@ def adapter_off(model):
 
 def add_gap(gap: dict, trainer_logp: np.ndarray, engine_logp: np.ndarray) -> None:
     """Add one sequence's (or chunk's) engine-vs-trainer log-prob gap to the running sums."""
-    d = trainer_logp.astype(np.float64) - engine_logp
+    sampled = ~np.isnan(engine_logp)  # exploratory actions have no engine log-prob
+    d = trainer_logp[sampled].astype(np.float64) - engine_logp[sampled]
     gap["abs_diff"] += float(np.abs(d).sum())
     gap["k3"] += float((np.exp(d) - d - 1).sum())
     gap["tokens"] += float(d.size)

@@ -55,7 +55,7 @@ class Rollouts:
             self.fleet.engines.wake_up()
         with phases("generate"):
             episodes = self.fleet.runner.run(tasks, training_sampling(self.fleet.cfg, step), state.version,
-                                             between_turns=preemption.check)
+                                             between_turns=preemption.check, explore=g.explore_revisits)
         state.sampler.record_outcomes(episodes)  # mixed groups queue their maze for replay (data.replay_share)
         return episodes, epoch, {"seconds": phases.seconds["generate"], "metrics": metrics}
 
@@ -134,7 +134,8 @@ class RolloutsAhead(Rollouts):
         fleet = self.fleet
         if fleet.engines.version != version:
             fleet.engines.load_adapter(adapter)
-        episodes = fleet.runner.run(tasks, sampling, version, between_turns=self._check)
+        episodes = fleet.runner.run(tasks, sampling, version, between_turns=self._check,
+                                    explore=fleet.cfg.generator.explore_revisits)
         return episodes, {"seconds": time.perf_counter() - started, "version": version, "epoch": epoch}
 
     def _check(self) -> None:

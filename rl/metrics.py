@@ -25,6 +25,7 @@ def rollout_metrics(episodes: list[Episode], advantages: list[np.ndarray], gener
         "generate/avg_num_tokens": tokens / max(len(episodes), 1),
         "generate/avg_turns": turns / max(len(episodes), 1),
         "generate/invalid_action_rate": sum(ep.invalid_actions for ep in episodes) / max(turns, 1),
+        "generate/explored_turn_rate": sum(t.explored for ep in episodes for t in ep.turns) / max(turns, 1),
         "generate/tokens_per_s": tokens / max(generate_s, 1e-9),
         # every prompt is prefilled in full each turn: prompt + generated tokens is the work done
         "generate/total_tokens_per_s": (tokens + sum(len(t.prompt_ids) for ep in episodes for t in ep.turns))

@@ -10,13 +10,15 @@ that is 1 exactly on sampled tokens, the sampling log-probs and the pictures.
 """
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from envs.registry import get_environment
-from inference.requests import GenRequest, Sampling
+from inference.requests import GenRequest, GenResult, Sampling
 from settings import Config
 from vlm.forward import TrainSeq
 
@@ -42,6 +44,7 @@ class Turn:
     state: Hashable = None      # the env state the turn started from (Environment.state_key): GiGPO's anchor
     reward: float = 0.0         # what the env paid for this turn's action
     progress: float = 0.0       # how much nearer the goal its action took the env (Environment.progress)
+    explored: bool = False      # a random action (generator.explore_revisits), not sampled
 
 
 @dataclass
@@ -65,7 +68,7 @@ class Episode:
 
     @property
     def generated_tokens(self) -> int:
-        return sum(len(t.response_ids) for t in self.turns)
+        return sum(len(t.response_ids) for t in self.turns if not t.explored)
 
     def sequences(self) -> list[TrainSeq]:
         """Training sequences: a turn whose prompt extends the previous sequence joins it."""
@@ -104,9 +107,12 @@ class RolloutRunner:
         return cls(generate, env, prompters, g.max_turns, g.max_input_length, g.context_window_turns,
                    g.context_pictures)
 
-    def run(self, tasks: list[Task], sampling: Sampling, expect_version: int, between_turns=None) -> list[Episode]:
+    def run(self, tasks: list[Task], sampling: Sampling, expect_version: int, between_turns=None,
+            explore: float = 0.0) -> list[Episode]:
         """Every task's episode, turn by turn (`between_turns()`, when given, is called before each turn:
-        it may raise to stop the rollout, as a preemption does)."""
+        it may raise to stop the rollout, as a preemption does). `explore`: the chance that a turn
+        starting from a state its episode has already been in plays a random action instead
+        (generator.explore_revisits; training rollouts only)."""
         unknown = sorted({t.env_id for t in tasks} - set(self.prompters))
         if unknown:
             raise ValueError(f"tasks of {', '.join(unknown)}, but this runner prompts for {', '.join(self.prompters)}")
@@ -116,6 +122,7 @@ class RolloutRunner:
         starts = self.env.reset([t.episode_id for t in tasks], seeds=[t.seed for t in tasks],
                                 init_states=[t.init_state for t in tasks], env_ids=[t.env_id for t in tasks])
         pieces, state, progress = {}, {}, {}  # episode id -> (user turn texts, answer ids); -> its env's state key, progress
+        seen = {t.episode_id: set() for t in tasks}  # the states each episode's turns started from
         for s in starts:
             ep = episodes[s["episode_id"]]
             ep.images.append(s["image"])
@@ -125,26 +132,33 @@ class RolloutRunner:
         for turn in range(self.max_turns):
             if between_turns is not None:
                 between_turns()
-            requests, asking = [], []
+            asking = []
             for eid in live:
                 users, answers = pieces[eid]
                 ids, picture_turns = prompter[eid].prompt(users, answers, self.window, self.pictures)
                 if len(ids) + sampling.max_new_tokens > self.max_input_length:
                     episodes[eid].stop_reason = "length"
                     continue
-                requests.append(GenRequest(prompt_ids=ids, images=[episodes[eid].images[i] for i in picture_turns]))
                 asking.append((eid, ids, picture_turns))
             if not asking:
                 break
             seeded = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed * 131 + turn)
-            results = self.generate(requests, seeded, expect_version)
-            for (eid, ids, picture_turns), res in zip(asking, results):
+            results = self._random_moves(asking, state, seen, explore, random.Random(f"{seeded.seed}:{turn}"),
+                                         prompter, expect_version)
+            explored, sampled = set(results), [a for a in asking if a[0] not in results]
+            if sampled:
+                requests = [GenRequest(prompt_ids=ids, images=[episodes[eid].images[i] for i in picture_turns])
+                            for eid, ids, picture_turns in sampled]
+                results |= {a[0]: res for a, res in zip(sampled, self.generate(requests, seeded, expect_version))}
+            for eid, ids, picture_turns in asking:
+                res = results[eid]
                 if res.adapter_version != expect_version:  # belt and braces: engines check too
                     raise RuntimeError(f"episode {eid} was sampled with adapter v{res.adapter_version}, "
                                        f"expected v{expect_version}")
+                seen[eid].add(state[eid])
                 episodes[eid].turns.append(Turn(ids, res.token_ids, res.logprobs, picture_turns, res.text,
-                                                state=state[eid]))
-            steps = self.env.step([a[0] for a in asking], [r.text for r in results])
+                                                state=state[eid], explored=eid in explored))
+            steps = self.env.step([a[0] for a in asking], [results[a[0]].text for a in asking])
             live = []
             for (eid, _, _), st in zip(asking, steps):
                 ep = episodes[eid]
@@ -166,6 +180,21 @@ class RolloutRunner:
                 break
         self.env.close(list(episodes))
         return [episodes[t.episode_id] for t in tasks]
+
+    def _random_moves(self, asking: list, state: dict, seen: dict, explore: float, rng: random.Random,
+                      prompter: dict, version: int) -> dict[str, GenResult]:
+        """{episode id: a random action as its answer} for the asking episodes back in a state they
+        have been in, each with chance `explore`. Their log-probs are NaN: no engine sampled them, and
+        the trainer takes its own as the old policy's (a ratio of 1), as if the policy had sampled them."""
+        chosen = [eid for eid, _, _ in asking if explore and state[eid] in seen[eid] and rng.random() < explore]
+        if not chosen:
+            return {}
+        texts = self.env.random_answers(chosen, [rng.getrandbits(32) for _ in chosen])
+        out = {}
+        for eid, text in zip(chosen, texts):
+            ids = prompter[eid].answer_ids(text)
+            out[eid] = GenResult(ids, [math.nan] * len(ids), text, "stop", version)
+        return out
 
 
 def rollout_tasks(rows: list[dict], step: int, samples_per_prompt: int) -> list[Task]:

@@ -301,6 +301,10 @@ class GeneratorConfig:
                                         note="0 keeps all", visrl=True)
     context_pictures: int = setting(0, "of the kept turns, only the last P keep their picture", at_least=0,
                                     note="0 keeps all", visrl=True)
+    explore_revisits: float = setting(
+        0.0, "chance that a training turn starting where its episode has already been plays a random action "
+             "(the task's random_answer) instead of a sampled one, trained as if sampled (ratio 1)",
+        at_least=0, at_most=1, note="0: every action sampled; eval never explores", visrl=True)
 
 
 @dataclass

@@ -176,14 +176,14 @@ def block_perception_stage(model, processor, arch, steps: int, batch: int, lr: f
     return {k: round(float(np.mean(v[-100:])), 4) for k, v in acc.items()}
 
 
-def expert_turns(task: Environment, env, prompter: ChatPrompter, tok, window: int, pictures: int,
+def expert_turns(task: Environment, env, prompter: ChatPrompter, window: int, pictures: int,
                  rng: random.Random, eps: float):
     """One expert episode as training sequences: each turn's exact rollout prompt + the expert's answer."""
     users, answers, images, seqs = [""], [], [env.render()], []
     for _ in range(env.max_turns):
         answer = task.expert_answer(env)
         prompt, picture_turns = prompter.prompt(users, answers, window, pictures)
-        target = tok.encode(answer, add_special_tokens=False) + [prompter.end_id]
+        target = prompter.answer_ids(answer)
         seqs.append(TrainSeq("sft", prompt + target, [0] * len(prompt) + [1] * len(target),
                              [0.0] * (len(prompt) + len(target)), [images[i] for i in picture_turns]))
         if env.parse(answer) == "stop":
@@ -192,7 +192,7 @@ def expert_turns(task: Environment, env, prompter: ChatPrompter, tok, window: in
         image, _, _, truncated, info = env.step(executed)
         if truncated:
             break
-        answers.append(tok.encode(executed, add_special_tokens=False) + [prompter.end_id])
+        answers.append(prompter.answer_ids(executed))
         users.append(info["feedback"])
         images.append(image)
     return seqs
@@ -219,12 +219,12 @@ class Source:
         self.pool, self.next_seed = [], SFT_SEEDS
         return self
 
-    def fill(self, want: int, tok, rng: random.Random, eps: float) -> None:
+    def fill(self, want: int, rng: random.Random, eps: float) -> None:
         g = self.cfg.generator
         while len(self.pool) < want:
             self.env.reset(seed=self.next_seed)
             self.next_seed += 1
-            self.pool += expert_turns(self.task, self.env, self.prompter, tok, g.context_window_turns,
+            self.pool += expert_turns(self.task, self.env, self.prompter, g.context_window_turns,
                                       g.context_pictures, rng, eps)
 
 
@@ -253,7 +253,6 @@ def agent_stage(model, processor, sources: list[Source], max_steps: int, batch: 
     stopped at the first validation check where every source with a `stop_at` reaches it; returns
     where it stopped, the checks (step, then each source's validation solve rate) and the
     answer-token accuracy."""
-    tok = processor.tokenizer
     sources = [s.setup(processor) for s in sources]
     gating = [k for k, s in enumerate(sources) if s.stop_at is not None]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
@@ -266,7 +265,7 @@ def agent_stage(model, processor, sources: list[Source], max_steps: int, batch: 
             if not s.share:
                 continue
             n = round(s.share * batch)
-            s.fill(4 * n, tok, rng, eps)
+            s.fill(4 * n, rng, eps)
             rng.shuffle(s.pool)
             chunk, s.pool = s.pool[:n], s.pool[n:]
             inputs = collate(chunk, processor, "cpu")

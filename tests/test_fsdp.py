@@ -233,3 +233,27 @@ def test_a_token_budget_cuts_smaller_micro_batches_that_train_the_same(tiny_mode
         torch.testing.assert_close(lora_budget[key], value, rtol=1e-5, atol=1e-6)
     for key, expected in by_count["references"]["policy_after"].items():
         np.testing.assert_allclose(budgeted["references"]["policy_after"][key], expected, atol=1e-5)
+
+
+def test_tokens_no_engine_sampled_train_with_the_trainers_own_old_policy(tiny_model_dir, tmp_path):
+    """An exploratory action (generator.explore_revisits) has NaN sampling log-probs: the trainer takes
+    its own pass's log-probs as the old policy's, so the update is the one engine log-probs equal to
+    the trainer's would give (one mini-batch: its pass is the old policy), and the engine-vs-trainer
+    gap counts no such token."""
+    batch = make_items(tiny_model_dir, prompts_per_minibatch=2)
+    for it in batch["items"]:
+        it.seq.logprobs = [float("nan") if m else lp for lp, m in zip(it.seq.logprobs, it.seq.loss_mask)]
+    (tmp_path / "nan").mkdir()
+    explored, explored_adapter = train_with(1, tiny_model_dir, tmp_path / "nan", batch)
+    assert explored["metrics"]["rollout_logprob_diff"] == 0.0 and np.isfinite(explored["metrics"]["policy_loss"])
+    assert explored["metrics"]["clip_ratio"] == 0.0
+    for it in batch["items"]:  # the engines' log-probs now equal the trainer's before the update
+        own = iter(explored["before"][it.key])
+        it.seq.logprobs = [float(next(own)) if m and k else lp
+                           for k, (lp, m) in enumerate(zip(it.seq.logprobs, it.seq.loss_mask))]
+    (tmp_path / "own").mkdir()
+    sampled, sampled_adapter = train_with(1, tiny_model_dir, tmp_path / "own", batch)
+    assert sampled["metrics"]["rollout_logprob_diff"] < 1e-5
+    assert explored["metrics"]["grad_norm"] > 0  # an update happened: the adapters below are not both untouched
+    for name, weight in sampled_adapter.items():
+        torch.testing.assert_close(explored_adapter[name], weight, rtol=1e-4, atol=1e-6)

@@ -30,7 +30,7 @@ def test_expert_episodes_teach_only_the_experts_answers(config, env_id):
         env.reset(seed=seed)
         shadow = task.make_env(cfg.environment.cell_px, cfg.generator.max_turns)  # replays what was executed
         shadow.reset(seed=seed)
-        seqs = expert_turns(task, env, prompter, tok, 2, 1, random.Random(seed), eps=0.0)
+        seqs = expert_turns(task, env, prompter, 2, 1, random.Random(seed), eps=0.0)
         answers = [tok.decode([t for t, m in zip(s.input_ids, s.loss_mask) if m], skip_special_tokens=True)
                    for s in seqs]
         for answer in answers[:-1]:
@@ -42,7 +42,7 @@ def test_expert_episodes_teach_only_the_experts_answers(config, env_id):
     # with noise, the executed random moves show in later prompts but are never a target
     env = task.make_env(cfg.environment.cell_px, cfg.generator.max_turns)
     env.reset(seed=0)
-    noisy = expert_turns(task, env, prompter, tok, 2, 1, random.Random(0), eps=1.0)
+    noisy = expert_turns(task, env, prompter, 2, 1, random.Random(0), eps=1.0)
     taught = {tok.decode([t for t, m in zip(s.input_ids, s.loss_mask) if m], skip_special_tokens=True) for s in noisy}
     assert all(env.parse(a) is not None for a in taught)
     assert len(noisy) >= 2 and sum(s.loss_mask[-1] for s in noisy) == len(noisy)

@@ -142,3 +142,50 @@ def test_a_rollout_records_how_much_nearer_the_goal_each_turn_went():
     gains = [t.progress for t in episode.turns]
     assert episode.reward == 1.0 and len(gains) == row["optimal_moves"] + 1
     assert abs(sum(gains) - (1.0 - start)) < 1e-9 and gains[-1] == 0.0  # the stop moves nothing
+
+
+@pytest.mark.parametrize("explore", [0.0, 1.0])
+def test_an_episode_back_where_it_was_explores_a_random_legal_move(explore):
+    """generator.explore_revisits: a policy stuck pushing a block that cannot move ("1 up") is back in
+    the same state every turn; with explore=1 each such turn plays a random legal move instead, as the
+    ids the model would sample, with NaN log-probs (no engine sampled it). Turns from a new state stay
+    sampled; the draws repeat with the seed; with explore=0 nothing is replaced."""
+    import math
+
+    from inference.requests import GenResult, Sampling
+    from rl.inputs import make_prompters
+    from rl.rollout import RolloutRunner, rollout_tasks
+    from settings import load_config
+    from vlm.processor import load_processor
+    [row] = get_environment("sliding_block/easy").make_rows(0, 1, 10)
+
+    def push_block_1_up(requests, sampling, version):
+        return [GenResult([7], [-0.5], "<action>1 up</action>", "stop", version) for _ in requests]
+
+    cfg = load_config(None, ["environment.env_class=sliding_block/easy"])
+    prompters = make_prompters(load_processor("assets/maze-vl-base"), cfg)
+    runner = RolloutRunner(push_block_1_up, EnvPool("sliding_block/easy", 16, 10), prompters, 10, 4096)
+
+    def play():
+        [episode] = runner.run(rollout_tasks([row], 0, 1), Sampling(max_new_tokens=8, seed=3), 0, explore=explore)
+        return episode
+
+    episode = play()
+    assert len(episode.turns) == 10 and episode.turns[0].text == "<action>1 up</action>"
+    seen = set()
+    for turn in episode.turns:
+        revisit = turn.state in seen
+        seen.add(turn.state)
+        assert turn.explored == (revisit and explore == 1.0)
+        if turn.explored:
+            assert turn.feedback.startswith("Moved block") and parse_move(turn.text) not in (None, "stop")
+            assert turn.response_ids == prompters["sliding_block/easy"].answer_ids(turn.text)
+            assert all(math.isnan(lp) for lp in turn.logprobs)
+        else:
+            assert turn.text == "<action>1 up</action>" and turn.logprobs == [-0.5]
+    explored = [t.text for t in episode.turns if t.explored]
+    assert (len(explored) >= 4) == (explore == 1.0)  # every other turn: a sampled push, then a random move
+    assert [t.text for t in play().turns if t.explored] == explored
+    assert episode.generated_tokens == sum(not t.explored for t in episode.turns)  # only the sampled ones count
+    with pytest.raises(ValueError, match="no live episodes"):
+        runner.env.random_answers([episode.episode_id], [0])  # closed when the rollout ended

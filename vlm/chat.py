@@ -57,6 +57,11 @@ class ChatPrompter:
                                 + image + self._ids("<|im_end|>\n<|im_start|>assistant\n"))
         return self._cache[key]
 
+    def answer_ids(self, text: str) -> list[int]:
+        """An answer written for the model (the expert's, an exploratory move) as the ids it would
+        sample: the text, then <|im_end|>."""
+        return self._ids(text) + [self.end_id]
+
     def closed_answer(self, response_ids: list[int]) -> list[int]:
         """The model's answer as it goes back into the context: its own ids, closed by <|im_end|>\\n."""
         return list(response_ids) + ([] if response_ids and response_ids[-1] == self.end_id else [self.end_id]) \
