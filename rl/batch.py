@@ -31,8 +31,12 @@ class TrainItem:
 
 
 def token_advantages(episode: Episode, seq: TrainSeq, turn_advantages) -> np.ndarray:
-    """The advantage of each scored token of `seq`: its turn's."""
-    return np.concatenate([np.full(len(episode.turns[k].response_ids), turn_advantages[k], dtype=np.float32)
+    """The advantage of each scored token of `seq`: its turn's, or for a random action
+    (generator.explore_revisits) only a positive one: pushing down an action the policy would not
+    have sampled spreads its probability over every other token, and the answers lose their format."""
+    def of(k):
+        return max(turn_advantages[k], 0.0) if episode.turns[k].explored else turn_advantages[k]
+    return np.concatenate([np.full(len(episode.turns[k].response_ids), of(k), dtype=np.float32)
                            for k in seq.turns]) if seq.turns else np.zeros(0, np.float32)
 
 

@@ -64,3 +64,13 @@ def test_micro_batches_hold_at_most_their_count_and_their_token_budget():
         assert n <= 3 and (n * max(lengths[cut]) <= 64 or n == 1)
     assert [lengths[i] for c in budget for i in range(c.start, c.stop)] == lengths  # every sequence once, in order
     assert cut_micro_batches([], 4, 64) == []
+
+
+def test_a_random_action_trains_only_on_a_positive_advantage():
+    """generator.explore_revisits: an explored turn keeps a positive advantage and loses a negative
+    one; the sampled turns beside it keep theirs either way."""
+    ep = episode("a", 0, [2, 3, 4, 1], 0.0)
+    ep.turns[1].explored = ep.turns[2].explored = True
+    items = build_items([ep], [np.array([-0.5, -2.0, 1.5, -1.0])], 1, "token_mean")
+    np.testing.assert_array_equal(np.concatenate([it.advantage for it in items]),
+                                  [-0.5] * 2 + [0.0] * 3 + [1.5] * 4 + [-1.0] * 1)
