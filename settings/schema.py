@@ -303,7 +303,8 @@ class GeneratorConfig:
                                     note="0 keeps all", visrl=True)
     explore_revisits: float = setting(
         0.0, "chance that a training turn starting where its episode has already been plays a random action "
-             "(the task's random_answer) instead of a sampled one, trained as if sampled (ratio 1)",
+             "(the task's random_answer) instead of a sampled one, trained as if sampled (ratio 1) on a positive "
+             "advantage only",
         at_least=0, at_most=1, note="0: every action sampled; eval never explores", visrl=True)
 
 
