@@ -30,7 +30,8 @@ class Runner:
     def __init__(self):
         self.batches, self.hold = [], None
 
-    def run(self, tasks, sampling, version, between_turns=None):
+    def run(self, tasks, sampling, version, between_turns=None, explore=0.0):
+        assert explore == 0.0  # the config's generator.explore_revisits
         self.batches.append((tasks[0].seed, version))
         while self.hold is not None and not self.hold.wait(0.01):
             between_turns()
