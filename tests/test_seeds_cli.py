@@ -53,3 +53,38 @@ def test_each_heldout_set_is_evaluated_into_its_own_folder(tiny_model_dir, tmp_p
         rows = [json.loads(line) for line in (folder / key / "eval_only.jsonl").read_text().splitlines()]
         assert [r["seed"] for r in rows] == [json.loads(line)["seed"] for line in eval_set.read_text().splitlines()]
         assert result[key] == sum(r["solved"] for r in rows) / len(rows)
+
+
+@pytest.mark.slow
+def test_stopping_the_command_stops_its_runs_and_starts_no_other_seed(tiny_model_dir, tmp_path):
+    """A seed's driver.py left running would go on writing checkpoints into its folder after the command
+    was stopped; the next seed in the queue must not start either."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "tools/seeds.py", "--seeds", "0", "1", "--name", "stop", "--runs", str(tmp_path),
+           f"trainer.policy.model.path={tiny_model_dir}", "trainer.placement.cpus_per_bundle=1", "trainer.epochs=50"]
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        runs = []
+        while not runs and time.monotonic() < deadline and proc.poll() is None:
+            runs = [c for c in psutil.Process(proc.pid).children() if "driver.py" in " ".join(c.cmdline())]
+            time.sleep(0.5)
+        assert runs, "seeds.py started no driver.py"
+        time.sleep(5)  # into the run's start-up
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "stopped" in out, out
+    gone, alive = psutil.wait_procs(runs, timeout=10)
+    for run in alive:  # the failure below leaves nothing running
+        run.kill()
+    assert not alive, f"driver.py still running after seeds.py stopped: {alive}"
+    assert (tmp_path / "stop" / "seed_0").is_dir() and not (tmp_path / "stop" / "seed_1").exists()

@@ -3,25 +3,28 @@ run folder; then a table per seed and mean +- std (base, best and final eval sol
 time; with a validation set, the eval solve rate of the adapter it chose) and seeds.png with one
 eval curve a seed.
 
-    python tools/seeds.py --seeds 0 1 2 [--parallel 1] [--name default] [--config FILE]
+    python tools/seeds.py --seeds 0 1 2 [--parallel 1] [--name default] [--runs runs/seeds] [--config FILE]
                           [--heldout runs/heldout/eval.jsonl ...] [--no-run] [key=value ...]
 
 Sequential by default (the 2-core CPU has room for one run); `--parallel K` runs K at once where a
 GPU has room. Each seed writes runs/seeds/<name>/seed_<S>/ (metrics.jsonl, eval/, ...); running
 the command again resumes each seed from its last checkpoint (a finished seed stops at once), and
-the wall time adds up its invocations. `--heldout FILE` also evaluates each seed's final adapter (and
-the one its validation set chose) on another eval set (greedy, `driver.py --eval-only`; not counted
-in the wall time); given again, on each set it names (columns held-out, held-out 2, ...); `--no-run`
-only reports on the seeds' folders. Solve rates are split by the
-mazes' optimal route length. `{seed}` in an override stands for the seed: a curriculum's later stage
-starts each seed from that seed's own earlier stage, e.g.
+the wall time adds up its invocations. Stopping the command (Ctrl-C, SIGTERM) stops the seeds' runs,
+each saving its state as on a preemption. `--heldout FILE` also evaluates each seed's final adapter
+(and the one its validation set chose) on another eval set (greedy, `driver.py --eval-only`; not
+counted in the wall time); given again, on each set it names (columns held-out, held-out 2, ...);
+`--no-run` only reports on the seeds' folders. Solve rates are split by the mazes' optimal route
+length. `{seed}` in an override stands for the seed: a curriculum's later stage starts each seed from
+that seed's own earlier stage, e.g.
 `trainer.policy.model.lora.init_from=runs/seeds/easy/seed_{seed}/exports/global_step_64/policy`.
 """
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,10 +35,42 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+_runs: set[subprocess.Popen] = set()  # the driver.py processes running now, stopped with this command
+_runs_lock = threading.Lock()
+_stopping = threading.Event()
+
+
 def driver(args: list[str], log: Path) -> int:
-    with open(log, "a") as out:
-        return subprocess.call([sys.executable, "driver.py", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                               env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
+    with open(log, "a") as out, _runs_lock:
+        if _stopping.is_set():
+            return -signal.SIGTERM
+        proc = subprocess.Popen([sys.executable, "driver.py", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
+        _runs.add(proc)
+    try:
+        return proc.wait()
+    finally:
+        with _runs_lock:
+            _runs.discard(proc)
+
+
+def stop_runs(grace_s: float = 90.0) -> None:
+    """Stop every running driver.py: left running, a seed's run would go on writing checkpoints into its
+    folder after this command was stopped (and a moved folder's next run would resume from them).
+    SIGTERM first (the run saves its state as on a preemption, within trainer.preemption_timeout_s),
+    SIGKILL after grace_s."""
+    with _runs_lock:
+        _stopping.set()
+        running = list(_runs)
+    for proc in running:
+        proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in running:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def by_length(per_maze: list[dict]) -> str:
@@ -133,7 +168,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--parallel", type=int, default=1)
-    ap.add_argument("--name", default="default", help="runs/seeds/<name>/")
+    ap.add_argument("--name", default="default", help="the seeds' folders go to <runs>/<name>/")
+    ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "seeds", help="default runs/seeds")
     ap.add_argument("--config")
     ap.add_argument("--heldout", metavar="FILE", action="append", default=[],
                     help="also evaluate each seed's final adapter on this eval .jsonl (may be given again)")
@@ -152,10 +188,16 @@ def parse_with_overrides(ap: argparse.ArgumentParser, argv: list[str]) -> argpar
 
 def main():
     args = parse_args(sys.argv[1:])
-    base = ROOT / "runs" / "seeds" / args.name
+    base = args.runs / args.name
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped like Ctrl-C: the runs stop with it
     with ThreadPoolExecutor(args.parallel) as pool:
-        results = list(pool.map(lambda s: run_seed(s, base / f"seed_{s}", args.config, args.overrides, args.heldout,
-                                                   not args.no_run), args.seeds))
+        try:
+            results = list(pool.map(lambda s: run_seed(s, base / f"seed_{s}", args.config, args.overrides,
+                                                       args.heldout, not args.no_run), args.seeds))
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            stop_runs()
+            raise SystemExit(f"stopped; the seeds' runs too. The same command resumes each from its last checkpoint.")
     # (title, the result's key, its route-length split): columns a seed has only with a validation set
     # (chosen) or --heldout are printed when every seed has them
     columns = [("base", "base", None), ("best (step)", "best", None), ("final (step)", "final", "final_by_length"),
