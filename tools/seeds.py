@@ -197,7 +197,7 @@ def main():
         except KeyboardInterrupt:
             pool.shutdown(wait=False, cancel_futures=True)
             stop_runs()
-            raise SystemExit(f"stopped; the seeds' runs too. The same command resumes each from its last checkpoint.")
+            raise SystemExit("stopped, and the seeds' runs with it; the same command resumes each from its saved state")
     # (title, the result's key, its route-length split): columns a seed has only with a validation set
     # (chosen) or --heldout are printed when every seed has them
     columns = [("base", "base", None), ("best (step)", "best", None), ("final (step)", "final", "final_by_length"),
