@@ -107,12 +107,11 @@ def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
                             drop_zero_advantage=a.filter_zero_advantage_groups)
     metrics |= {"train/sequences": len(items), "train/tokens": sum(len(it.seq.input_ids) for it in items)}
 
-    if items:  # a batch whose groups all scored alike carries no gradient
-        if fleet.takes_turns:
-            with phases("sleep"):
-                fleet.engines.sleep()  # free the engines' memory while the shards work
-                fleet.trainer.reload()  # the shards' weights back from host memory, if offloaded
+    if fleet.takes_turns:  # the update and the sync need the shards' weights, the engines' memory free
+        with phases("sleep"):
+            fleet.turn_to_trainer()
 
+    if items:  # a batch whose groups all scored alike carries no gradient
         # 5. reference log-probs for the KL term: each rank's share goes to the object store once, and
         #    the ref shards' results stay there for the policy shards
         with phases("ref"):
@@ -131,7 +130,7 @@ def grpo_step(step: int, state, fleet, run: Run, preemption) -> dict:
     with phases("sync"):
         adapter = adapters.version_ref(run.dir / "adapters", state.version + 1)
         fleet.trainer.save_adapter(adapter.path)
-    fleet.rollouts.publish(adapter, phases)
+    metrics |= fleet.rollouts.publish(adapter, phases)
     adapters.prune_versions(run.dir / "adapters", keep=2, current=adapter.version)
     status = fleet.engines.status()
     metrics |= {"sync/adapter_version": adapter.version,
@@ -166,7 +165,7 @@ def evaluate_policy(run: Run, fleet, state) -> dict:
     from rl.evaluate import evaluate, evaluation_sampling
     from rl.metrics import eval_metrics
     fleet.rollouts.settle(state)  # one-step-off: the batch in flight done, the trainer's adapter loaded
-    fleet.engines.wake_up()
+    fleet.turn_to_engines()
     report = evaluate(fleet.runner, run.eval_rows, evaluation_sampling(run.cfg), state.version,
                       run.cfg.trainer.eval_batch_size)
     report.write(run.dir / "eval" / f"step_{state.step:05d}.jsonl")

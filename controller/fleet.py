@@ -79,6 +79,22 @@ class Fleet:
         while the shards work, and the shards' weights wait in host memory while the engines generate."""
         return self.cfg.trainer.placement.colocate_all and self.cfg.generator.inference_engine.enable_sleep
 
+    # ---- turns on a shared device -----------------------------------------------------------------
+    def turn_to_engines(self) -> dict:
+        """The engines awake to generate. Where they take turns with the shards, the shards' weights
+        (and the cache their passes left) go to host memory first: an engine's cache must never grow
+        beside a resident shard (an 8B step peaked at the card's edge when the eval did). Returns
+        {memory/trainer_offloaded_gib: GiB moved} when something moved."""
+        moved = self.trainer.offload() if self.takes_turns else 0.0
+        self.engines.wake_up()
+        return {"memory/trainer_offloaded_gib": moved} if moved else {}
+
+    def turn_to_trainer(self) -> None:
+        """The shards' weights on the device; where they take turns, the engines sleep first."""
+        if self.takes_turns:
+            self.engines.sleep()
+            self.trainer.reload()
+
     # ---- start and stop ---------------------------------------------------------------------------
     def start(self, timeout_s: float | None = None) -> float:
         """Place and start the actors (the groups wait up to `timeout_s`, default
@@ -212,6 +228,7 @@ class Fleet:
         t = self.cfg.trainer
         started = time.perf_counter()
         try:
+            self.turn_to_trainer()  # the optimizer's state is gathered on the device
             policy_state = self.trainer.state_dict()
             rollout = self._rollout_adapter(state)  # one-step-off: the batch in flight's, when older
             ref = self.actors.checkpointer.save.remote(state.step, state.snapshot(self.total_steps, config_yaml, line),

@@ -47,24 +47,22 @@ class Rollouts:
         with phases("sample"):
             rows, epoch = state.sampler.next_batch()
             tasks = rollout_tasks(rows, step, g.n_samples_per_prompt)
-        metrics = {}
         with phases("wake"):
-            # the shards' weights make room for the engines' cache (on GPUs; nothing moves on the CPU)
-            if self.fleet.takes_turns and (moved := self.fleet.trainer.offload()):
-                metrics["memory/trainer_offloaded_gib"] = moved
-            self.fleet.engines.wake_up()
+            metrics = self.fleet.turn_to_engines()
         with phases("generate"):
             episodes = self.fleet.runner.run(tasks, training_sampling(self.fleet.cfg, step), state.version,
                                              between_turns=preemption.check, explore=g.explore_revisits)
         state.sampler.record_outcomes(episodes)  # mixed groups queue their maze for replay (data.replay_share)
         return episodes, epoch, {"seconds": phases.seconds["generate"], "metrics": metrics}
 
-    def publish(self, adapter: AdapterRef, phases) -> None:
-        """The trainer's new adapter, written to shared storage: every engine loads it now."""
+    def publish(self, adapter: AdapterRef, phases) -> dict:
+        """The trainer's new adapter, written to shared storage: every engine loads it now. Returns the
+        wake's metrics (the shards' weights offloaded here, before the step's eval)."""
         with phases("wake"):
-            self.fleet.engines.wake_up()
+            metrics = self.fleet.turn_to_engines()
         with phases("sync"):
             self.fleet.engines.load_adapter(adapter)
+        return metrics
 
     def settle(self, state) -> None:
         """Engines free and holding the trainer's adapter (for an eval): they are, between steps."""
@@ -142,8 +140,9 @@ class RolloutsAhead(Rollouts):
         if self.cancelled.is_set():
             raise Cancelled()
 
-    def publish(self, adapter: AdapterRef, phases) -> None:
+    def publish(self, adapter: AdapterRef, phases) -> dict:
         """Written to shared storage: the engines load it when the next batch starts."""
+        return {}
 
     def settle(self, state) -> None:
         """Wait for the batch in flight (its failure, if any, is raised here), then the trainer's adapter
