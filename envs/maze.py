@@ -77,6 +77,9 @@ class MazeEnv(StopToWinEnv):
             self.maze = wilson_maze(self.size, self.np_random)
             self.agent, self.target = corner_pair(self.size, self.np_random)
             self.turn, self.left, self.retreated, self.bumped, self.came_from = 0, [], [], [], {}
+        # the route the episode started with: its progress is measured against it (a state rebuilt
+        # mid-episode carries it; a row's init_state is the start)
+        self.start_moves = int(state["start_moves"]) if state and "start_moves" in state else self.optimal_moves()
         self._background = render_background(self.maze, self.target, self.cell_px)
         for cell in self.left:
             self._tint(cell, TRAIL_RGB)
@@ -134,7 +137,7 @@ class MazeEnv(StopToWinEnv):
                 "turn": self.turn, "left": [list(cell) for cell in self.left],
                 "retreated": [list(cell) for cell in self.retreated],
                 "came_from": [[*cell, *parent] for cell, parent in self.came_from.items()],
-                "bumped": [list(cell) for cell in self.bumped]}
+                "bumped": [list(cell) for cell in self.bumped], "start_moves": self.start_moves}
 
     def _load_state(self, state: dict):
         maze = np.asarray(state["maze"], dtype=np.int8)
@@ -155,7 +158,8 @@ class MazeEnv(StopToWinEnv):
     def info(self, valid: bool) -> dict:
         return {"agent": self.agent, "target": self.target,
                 "distance": abs(self.agent[0] - self.target[0]) + abs(self.agent[1] - self.target[1]),
-                "feedback": self.feedback, "valid_action": valid, "turn": self.turn}
+                "feedback": self.feedback, "valid_action": valid, "turn": self.turn,
+                "moves_left": self.optimal_moves(), "start_moves": self.start_moves}
 
     def optimal_moves(self) -> int:
         return optimal_moves(self.maze, self.agent, self.target)

@@ -37,6 +37,11 @@ class MazeTask(Environment):
     def state_key(self, info: dict) -> tuple:
         return tuple(info["agent"])  # the group already fixes the maze: the agent's cell is the state
 
+    def progress(self, info: dict) -> float:
+        """The share of the starting route behind the agent: a move into a dead end loses ground, the
+        way back regains it (what `progress_reward` shapes with)."""
+        return 1.0 - info["moves_left"] / max(info["start_moves"], 1)
+
     def make_rows(self, seed_start: int, count: int, max_turns: int, solvable_only: bool = True) -> list[dict]:
         return make_rows(self.name, seed_start, count, max_turns, solvable_only)[0]
 

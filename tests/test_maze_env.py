@@ -190,6 +190,32 @@ def test_branch_size_counts_the_dead_end_a_wrong_turn_enters():
     assert branch_size(maze, (1, 4), (1, 5)) == 3  # deeper in, less of the dead end is left
 
 
+def test_progress_is_the_share_of_the_starting_route_behind_the_agent():
+    from envs.registry import get_environment
+    task = get_environment("maze_2d/hard_trail")
+    maze = text_maze(["#########",
+                      "#       #",
+                      "# #######",
+                      "#   #   #",
+                      "# # # # #",
+                      "# #   # #",
+                      "# ### # #",
+                      "#   # # #",
+                      "#########"])
+    env = MazeEnv(size=9, trail=1)
+    _, info = env.reset(options={"init_state": {"maze": maze.tolist(), "agent": [1, 1], "target": [7, 7]}})
+    start = optimal_moves(maze, (1, 1), (7, 7))
+    assert task.progress(info) == 0.0 and info["start_moves"] == start
+    progress = [task.progress(env.step(move)[4]) for move in ("right", "right", "left", "left", "down")]
+    # into the dead end and back out: ground lost a move at a time, regained the same way
+    assert progress == pytest.approx([-1 / start, -2 / start, -1 / start, 0.0, 1 / start])
+    again = MazeEnv(size=9, trail=1)  # a state rebuilt mid-episode keeps the start's route as its measure
+    assert task.progress(again.reset(options={"init_state": env.get_state()})[1]) == pytest.approx(1 / start)
+    for move in expert_actions(env.maze, env.agent, env.target)[:-1]:
+        info = env.step(move)[4]
+    assert task.progress(info) == 1.0
+
+
 @settings(max_examples=50, deadline=None)
 @given(seed=seeds, size=sizes)
 def test_branches_around_a_cell_of_a_perfect_maze_partition_the_rest(seed, size):
