@@ -119,8 +119,8 @@ class GiGPOConfig:
              "answer that is no action); episode scores stay the env's own rewards", at_least=0, visrl=True)
     progress_reward: float = setting(
         0.0, "added to the step-level reward of a turn, times how much nearer the goal its action took the env "
-             "(Environment.progress: for sliding blocks, the share of blocks on their target cells); episode "
-             "scores stay the env's own rewards", at_least=0, visrl=True)
+             "(Environment.progress: for sliding blocks, the share of blocks on their target cells; for mazes, of the "
+             "starting route behind the agent); episode scores stay the env's own rewards", at_least=0, visrl=True)
 
 
 @dataclass
