@@ -172,9 +172,9 @@ def text_maze(lines):
     return np.array([[1 if ch == "#" else 0 for ch in line] for line in lines], dtype=np.int8)
 
 
-def test_branch_size_counts_the_dead_end_a_wrong_turn_enters():
-    # eval maze 1,000,049: from the top-left corner, right leads into a 6-cell dead end, down to the goal
-    maze = text_maze(["#########",
+def dead_end_maze():
+    """Eval maze 1,000,049: from the top-left corner, right leads into a 6-cell dead end, down to the goal."""
+    return text_maze(["#########",
                       "#       #",
                       "# #######",
                       "#   #   #",
@@ -183,6 +183,10 @@ def test_branch_size_counts_the_dead_end_a_wrong_turn_enters():
                       "# ### # #",
                       "#   # # #",
                       "#########"])
+
+
+def test_branch_size_counts_the_dead_end_a_wrong_turn_enters():
+    maze = dead_end_maze()
     assert branch_size(maze, (1, 1), (1, 2)) == 6
     assert branch_size(maze, (1, 1), (0, 1)) == 0  # a wall
     floor = int((maze == 0).sum())
@@ -193,15 +197,7 @@ def test_branch_size_counts_the_dead_end_a_wrong_turn_enters():
 def test_progress_is_the_share_of_the_starting_route_behind_the_agent():
     from envs.registry import get_environment
     task = get_environment("maze_2d/hard_trail")
-    maze = text_maze(["#########",
-                      "#       #",
-                      "# #######",
-                      "#   #   #",
-                      "# # # # #",
-                      "# #   # #",
-                      "# ### # #",
-                      "#   # # #",
-                      "#########"])
+    maze = dead_end_maze()
     env = MazeEnv(size=9, trail=1)
     _, info = env.reset(options={"init_state": {"maze": maze.tolist(), "agent": [1, 1], "target": [7, 7]}})
     start = optimal_moves(maze, (1, 1), (7, 7))
