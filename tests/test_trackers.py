@@ -2,6 +2,7 @@
 in a real MLflow file store and a real W&B offline run."""
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -67,17 +68,28 @@ def wandb_records(path: Path):
             pending += chunk
 
 
+def finished_run_records(offline: Path, timeout_s: float = 30) -> list:
+    """The run's records once its exit record is written: W&B's service process writes the file, and
+    once in a loaded suite a read right after `finish` found no history (2026-12-07)."""
+    path, deadline = next(offline.glob("run-*.wandb")), time.monotonic() + timeout_s
+    while True:
+        records = list(wandb_records(path))
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def test_wandb_offline_gets_the_config_every_step_and_the_curve(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     log_steps(tmp_path, "wandb")
     [offline] = (tmp_path / "wandb").glob("offline-run-*")
-    records = list(wandb_records(next(offline.glob("run-*.wandb"))))
+    records = finished_run_records(offline)
     def items(updates):
         return {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in updates}
     history = [items(r.history.item) for r in records if r.WhichOneof("record_type") == "history"]
     rewards = [(h["_step"], h["reward/avg_raw_reward"]) for h in history if "reward/avg_raw_reward" in h]
-    assert rewards == [(1, 0.5), (2, 0.75)]
+    assert rewards == [(1, 0.5), (2, 0.75)], [r.WhichOneof("record_type") for r in records]
     assert not any("time" in h or any(k.startswith("samples/") for k in h) for h in history)
     [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     config = items(run.config.update)
