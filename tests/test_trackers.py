@@ -131,7 +131,7 @@ def test_several_trackers_at_once_and_a_resumed_run_continues_the_same_runs(tmp_
     [run] = client.search_runs([client.get_experiment_by_name("visrl-test").experiment_id])
     history = client.get_metric_history(run.info.run_id, "reward/avg_raw_reward")
     assert run.info.run_id == ids["mlflow"] and [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.75), (3, 1.0)]
-    runs = [r.run for f in (tmp_path / "wandb").glob("offline-run-*/run-*.wandb") for r in wandb_records(f)
+    runs = [r.run for d in (tmp_path / "wandb").glob("offline-run-*") for r in finished_run_records(d)
             if r.WhichOneof("record_type") == "run"]
     assert len(runs) == 2 and {r.run_id for r in runs} == {ids["wandb"]}
 
