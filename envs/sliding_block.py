@@ -96,6 +96,31 @@ def shortest_moves(start: Positions, target: Positions) -> list[tuple[int, int]]
     raise ValueError("the target layout cannot be reached")
 
 
+def without_ids(positions: Positions) -> tuple:
+    """The picture with the digits erased: which cells each size (so colour) of block covers."""
+    return tuple(sorted((SIZES[b], p) for b, p in positions.items()))
+
+
+def twin_boards(targets: list[Positions]) -> list[bool]:
+    """For each target, whether another layout as few moves from the start looks the same with the
+    ids erased: a policy that cannot read the digits plays a twin's moves as often as its own."""
+    depth = max(len(shortest_moves(SOLVED, t)) for t in targets)
+    distance, looks = {key(SOLVED): 0}, {without_ids(SOLVED): [key(SOLVED)]}
+    frontier = [SOLVED]
+    for d in range(1, depth + 1):
+        nxt = []
+        for positions in frontier:
+            for move in legal_moves(positions):
+                moved = slide(positions, *move)
+                if key(moved) not in distance:
+                    distance[key(moved)] = d
+                    looks.setdefault(without_ids(moved), []).append(key(moved))
+                    nxt.append(moved)
+        frontier = nxt
+    return [any(other != key(t) and distance[other] <= distance[key(t)] for other in looks[without_ids(t)])
+            for t in targets]
+
+
 def shuffled_target(rng: np.random.Generator, moves: int) -> Positions:
     """The solved layout after `moves` random moves, none undoing the one before it where another is
     possible, and not the solved layout itself."""

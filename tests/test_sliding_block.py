@@ -6,7 +6,17 @@ import pytest
 
 from actors.env_pool import EnvPool
 from envs.registry import get_environment
-from envs.sliding_block import DIRECTIONS, INVALID_ACTION, SOLVED, SlidingBlockEnv, parse_move, shortest_moves
+from envs.sliding_block import (
+    DIRECTIONS,
+    INVALID_ACTION,
+    SOLVED,
+    SlidingBlockEnv,
+    parse_move,
+    shortest_moves,
+    slide,
+    twin_boards,
+    without_ids,
+)
 from envs.sliding_block_task import make_rows, move_text
 
 
@@ -102,6 +112,27 @@ def test_its_splits_use_disjoint_seed_ranges(tmp_path):
         get_environment("sliding_block/easy").write_dataset(tmp_path, cfg.data, 10)
 
 
+def play(*moves) -> dict:
+    positions = dict(SOLVED)
+    for block, direction in moves:
+        positions = slide(positions, block, DIRECTIONS.index(direction))
+    return positions
+
+
+def test_twin_boards_are_the_ones_that_look_like_another_as_near_the_start():
+    """The boards a policy blind to the digits confuses (bench/twin_boards.py): "9 down, 9 right,
+    7 right" and "7 right, 10 down, 9 right" end on the same picture with 9 and 10 swapped, both in
+    three moves; "7 right" alone looks like no other layout one move from the start."""
+    own, twin = play((9, "down"), (9, "right"), (7, "right")), play((7, "right"), (10, "down"), (9, "right"))
+    assert without_ids(own) == without_ids(twin) and own != twin
+    one = play((7, "right"))
+    assert twin_boards([own, twin, one]) == [True, True, False]
+    # a look-alike nearer the start makes the farther board a twin, not the nearer one
+    near, far = play((9, "down")), play((10, "down"), (9, "right"), (10, "left"))
+    assert without_ids(near) == without_ids(far)
+    assert twin_boards([near, far]) == [False, True]
+
+
 def test_the_block_probe_labels_each_cell_with_the_block_drawn_there():
     """The block-id labels (bench/perception_probe.py --blocks, the base's stage C0): a cell's label is
     the block whose colour fills that cell."""
@@ -189,3 +220,11 @@ def test_an_episode_back_where_it_was_explores_a_random_legal_move(explore):
     assert episode.generated_tokens == sum(not t.explored for t in episode.turns)  # only the sampled ones count
     with pytest.raises(ValueError, match="no live episodes"):
         runner.env.random_answers([episode.episode_id], [0])  # closed when the rollout ended
+
+
+def test_the_twin_board_report_splits_a_runs_episodes_by_board():
+    from bench.twin_boards import split
+    boards = [play((9, "down"), (9, "right"), (7, "right")), play((7, "right"))]
+    rows = [{"seed": s, "target": {str(b): list(p) for b, p in t.items()}} for s, t in zip((5, 6), boards)]
+    episodes = [{"seed": 5, "solved": False}, {"seed": 6, "solved": True}, {"seed": 6, "solved": True}]
+    assert split(rows, episodes) == {"all": (2, 3), "twins": (0, 1), "others": (2, 2)}
