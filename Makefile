@@ -18,7 +18,8 @@ STAMP := $(VENV)/.visrl-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.visrl-installed
-# GiB each venv's set-up needs free: installed size (2.0 and 6.x GiB) plus room for the wheels
+# GiB a new venv's set-up needs free: its installed size (2.0 and 7.1 GiB, a clean clone's on
+# 2026-12-07) plus room for the wheels pip unpacks
 MAIN_DISK_GIB ?= 4
 VLLM_DISK_GIB ?= 10
 # CI's network has cut wheels' downloads short for minutes at a time (botocore, hf_xet; 2026-12-05):
@@ -28,9 +29,9 @@ VLLM_DISK_GIB ?= 10
 MAIN_EXTRAS := test,tracking
 PIP_NET := --retries 10 --timeout 60 --resume-retries 10
 # A full disk made pip fail five times over an hour (CI, 2026-12-07) with "No space left on device"
-# buried in retries: each venv's set-up first checks the space it needs (its installed size and the
-# wheels pip unpacks beside it) and says so at once.
-need_disk = free=$$(df -Pk $(dir $(abspath $(2))) | awk 'NR==2 {print int($$4 / 1048576)}'); test $$free -ge $(1) || { echo "make: setting up $(2) needs about $(1) GiB free on the disk holding $(dir $(abspath $(2))); only $$free GiB are free. Free some space (old clones, /tmp) and run make again." >&2; exit 1; }
+# buried in retries: a venv's first set-up checks the space it needs and says so at once (an update of
+# a venv already there is not held to it).
+need_disk = test -x $(2)/bin/python || { free=$$(df -Pk $(dir $(abspath $(2))) | awk 'NR==2 {print int($$4 / 1048576)}'); test $$free -ge $(1) || { echo "make: setting up $(2) needs about $(1) GiB free on the disk holding $(dir $(abspath $(2))); only $$free GiB are free. Free some space (old clones, /tmp) and run make again." >&2; exit 1; }; }
 retry = for attempt in 1 2 3 4 5; do $(1) && break; test $$attempt = 5 && exit 1; echo "pip failed (try $$attempt of 5); trying again in $$((attempt * 30)) s" >&2; sleep $$((attempt * 30)); done
 
 .PHONY: run test test-fast test-vllm setup vllm-setup prometheus lock clean
