@@ -2,28 +2,38 @@
 digits erased, like another layout as near the start) and on the rest: where a solve rate is lost
 to reading the block ids rather than to planning.
 
-    python bench/twin_boards.py runs/seeds/sb128/seed_42/data/eval.jsonl runs/seeds/sb128/seed_42/eval/step_00128.jsonl [...]
+    python bench/twin_boards.py EVAL_SET EPISODES [...]
+    python bench/twin_boards.py EVAL_SET --first-moves MODEL [--adapter DIR]
 
-The first file is the eval set (its rows' targets), the others a run's per-episode eval records on it
-(eval/step_*.jsonl, or heldout/eval_only.jsonl with the held-out set).
+EVAL_SET is the eval set's rows (their targets); EPISODES a run's per-episode eval records on it
+(eval/step_*.jsonl, or heldout/eval_only.jsonl with the held-out set). With --first-moves, each twin
+board's first turn is put to the model (and adapter) and the probability of every legal first move
+printed beside its look-alikes': a policy that reads the digits gives twins different first moves.
 """
 import argparse
 import json
 import sys
 from pathlib import Path
 
+import numpy as np
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envs.sliding_block import twin_boards  # noqa: E402
+from envs.sliding_block import DIRECTIONS, SOLVED, SlidingBlockEnv, legal_moves, shortest_moves, twin_boards, without_ids  # noqa: E402
+from envs.sliding_block_task import move_text  # noqa: E402
 
 
 def read_jsonl(path: str) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def targets(rows: list[dict]) -> list[dict]:
+    return [{int(b): tuple(p) for b, p in r["target"].items()} for r in rows]
+
+
 def split(rows: list[dict], episodes: list[dict]) -> dict:
-    twin = dict(zip((r["seed"] for r in rows),
-                    twin_boards([{int(b): tuple(p) for b, p in r["target"].items()} for r in rows])))
+    twin = dict(zip((r["seed"] for r in rows), twin_boards(targets(rows))))
     out = {}
     for name, keep in (("all", lambda s: True), ("twins", lambda s: twin[s]), ("others", lambda s: not twin[s])):
         chosen = [e["solved"] for e in episodes if keep(e["seed"])]
@@ -31,15 +41,61 @@ def split(rows: list[dict], episodes: list[dict]) -> dict:
     return out
 
 
+def first_move_probabilities(model, processor, boards: list[dict], cfg) -> list[dict[str, float]]:
+    """For each target board, the model's probability of each legal first move (the whole answer,
+    sampled at temperature 1) on the first turn's prompt, as the rollout builds it."""
+    from rl.inputs import environment_of, task_prompter
+    from vlm.forward import TrainSeq, collate, sampled_logprobs
+    prompter = task_prompter(processor, environment_of(cfg), cfg.environment.cell_px)
+    env = SlidingBlockEnv(cell_px=cfg.environment.cell_px)
+    answers = [move_text(*m) for m in legal_moves(dict(SOLVED))]
+    out = []
+    for board in boards:
+        picture, _ = env.reset(options={"init_state": {"target": {str(b): list(p) for b, p in board.items()}}})
+        prompt, _ = prompter.prompt([""], [], cfg.generator.context_window_turns, cfg.generator.context_pictures)
+        seqs = []
+        for text in answers:
+            ids = prompter.answer_ids(text)
+            seqs.append(TrainSeq("first", prompt + ids, [0] * len(prompt) + [1] * len(ids),
+                                 [0.0] * (len(prompt) + len(ids)), [picture]))
+        with torch.no_grad():
+            logp, _ = sampled_logprobs(model, collate(seqs, processor, "cpu"))
+        per_answer = torch.split(logp, [s.n_scored for s in seqs])
+        out.append({text: float(np.exp(lp.sum().item())) for text, lp in zip(answers, per_answer)})
+    return out
+
+
+def show_first_moves(rows: list[dict], model_path: str, adapter: str | None) -> None:
+    from settings import load_config
+    from vlm.load import load_model
+    model, processor = load_model(model_path, speedups=False)
+    if adapter:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
+    cfg = load_config("configs/sliding_block.yaml", [])
+    boards = [b for b, twin in zip(targets(rows), twin_boards(targets(rows))) if twin]
+    unique = list({tuple(sorted(b.items())): b for b in boards}.values())
+    unique.sort(key=lambda b: (without_ids(b), len(shortest_moves(SOLVED, b))))
+    for board, probs in zip(unique, first_move_probabilities(model, processor, unique, cfg)):
+        route = ", ".join(f"{b} {DIRECTIONS[d]}" for b, d in shortest_moves(SOLVED, board))
+        best = sorted(probs.items(), key=lambda kv: -kv[1])[:4]
+        print(f"{route:<34} " + "  ".join(f"{t[8:-9]}: {p:.3f}" for t, p in best))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("eval_set", help="the eval set's rows (JSON lines with seed and target)")
-    ap.add_argument("episodes", nargs="+", help="a run's per-episode eval records on that set")
+    ap.add_argument("episodes", nargs="*", help="a run's per-episode eval records on that set")
+    ap.add_argument("--first-moves", metavar="MODEL", help="the model whose first moves on the twin boards to show")
+    ap.add_argument("--adapter", help="a LoRA adapter folder, merged into --first-moves' model")
     args = ap.parse_args(argv)
     rows = read_jsonl(args.eval_set)
     for path in args.episodes:
         counts = split(rows, read_jsonl(path))
         print(path + ": " + ", ".join(f"{name} {solved}/{total}" for name, (solved, total) in counts.items()))
+    if args.first_moves:
+        torch.set_num_threads(2)
+        show_first_moves(rows, args.first_moves, args.adapter)
 
 
 if __name__ == "__main__":

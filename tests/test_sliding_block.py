@@ -228,3 +228,27 @@ def test_the_twin_board_report_splits_a_runs_episodes_by_board():
     rows = [{"seed": s, "target": {str(b): list(p) for b, p in t.items()}} for s, t in zip((5, 6), boards)]
     episodes = [{"seed": 5, "solved": False}, {"seed": 6, "solved": True}, {"seed": 6, "solved": True}]
     assert split(rows, episodes) == {"all": (2, 3), "twins": (0, 1), "others": (2, 2)}
+
+
+def test_first_move_probabilities_rank_the_move_greedy_decoding_plays():
+    """bench/twin_boards.py --first-moves scores each legal first answer on the rollout's own first
+    prompt: its most probable answer is the one the model writes greedily, and the answers' mass is
+    at most 1."""
+    from bench.twin_boards import first_move_probabilities
+    from rl.inputs import environment_of, task_prompter
+    from settings import load_config
+    from vlm.forward import TrainSeq, collate
+    from vlm.load import load_model
+    model, processor = load_model("assets/maze-vl-base", speedups=False)
+    cfg = load_config("configs/sliding_block.yaml", [])
+    board = play((9, "down"), (9, "right"), (7, "right"))
+    probs = first_move_probabilities(model, processor, [board], cfg)[0]
+    assert 0.5 < sum(probs.values()) <= 1.0 + 1e-6
+    picture, _ = SlidingBlockEnv(cell_px=cfg.environment.cell_px).reset(
+        options={"init_state": {"target": {str(b): list(p) for b, p in board.items()}}})
+    prompt, _ = task_prompter(processor, environment_of(cfg), cfg.environment.cell_px).prompt([""], [], 2, 1)
+    batch = collate([TrainSeq("greedy", prompt, [0] * len(prompt), [0.0] * len(prompt), [picture])], processor, "cpu")
+    batch.pop("loss_mask")
+    written = processor.tokenizer.decode(model.generate(**batch, max_new_tokens=8, do_sample=False)[0, len(prompt):],
+                                         skip_special_tokens=True)
+    assert written == max(probs, key=probs.get)
