@@ -11,7 +11,6 @@ board's first turn is put to the model (and adapter) and the probability of ever
 printed beside its look-alikes': a policy that reads the digits gives twins different first moves.
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,12 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envs.sliding_block import DIRECTIONS, SOLVED, SlidingBlockEnv, legal_moves, shortest_moves, twin_boards, without_ids  # noqa: E402
+from envs.rows import load_rows  # noqa: E402
+from envs.sliding_block import DIRECTIONS, SOLVED, legal_moves, shortest_moves, twin_boards, without_ids  # noqa: E402
 from envs.sliding_block_task import move_text  # noqa: E402
-
-
-def read_jsonl(path: str) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+from tools.seeds import read_jsonl  # noqa: E402
 
 
 def targets(rows: list[dict]) -> list[dict]:
@@ -41,23 +38,22 @@ def split(rows: list[dict], episodes: list[dict]) -> dict:
     return out
 
 
-def first_move_probabilities(model, processor, boards: list[dict], cfg) -> list[dict[str, float]]:
-    """For each target board, the model's probability of each legal first move (the whole answer,
+def first_move_probabilities(model, processor, rows: list[dict], cfg) -> list[dict[str, float]]:
+    """For each row's board, the model's probability of each legal first move (the whole answer,
     sampled at temperature 1) on the first turn's prompt, as the rollout builds it."""
     from rl.inputs import environment_of, task_prompter
     from vlm.forward import TrainSeq, collate, sampled_logprobs
-    prompter = task_prompter(processor, environment_of(cfg), cfg.environment.cell_px)
-    env = SlidingBlockEnv(cell_px=cfg.environment.cell_px)
-    answers = [move_text(*m) for m in legal_moves(dict(SOLVED))]
+    task = environment_of(cfg)
+    env = task.make_env(cfg.environment.cell_px, cfg.generator.max_turns)
+    prompter = task_prompter(processor, task, cfg.environment.cell_px)
+    # every episode starts from the solved layout with one picture and no answers: one prompt for all
+    prompt, _ = prompter.prompt([""], [], cfg.generator.context_window_turns, cfg.generator.context_pictures)
+    answers = {move_text(*m): prompter.answer_ids(move_text(*m)) for m in legal_moves(dict(SOLVED))}
     out = []
-    for board in boards:
-        picture, _ = env.reset(options={"init_state": {"target": {str(b): list(p) for b, p in board.items()}}})
-        prompt, _ = prompter.prompt([""], [], cfg.generator.context_window_turns, cfg.generator.context_pictures)
-        seqs = []
-        for text in answers:
-            ids = prompter.answer_ids(text)
-            seqs.append(TrainSeq("first", prompt + ids, [0] * len(prompt) + [1] * len(ids),
-                                 [0.0] * (len(prompt) + len(ids)), [picture]))
+    for row in rows:
+        picture, _ = env.reset(options={"init_state": task.init_state(row)})
+        seqs = [TrainSeq("first", prompt + ids, [0] * len(prompt) + [1] * len(ids), [0.0] * (len(prompt) + len(ids)),
+                         [picture]) for ids in answers.values()]
         with torch.no_grad():
             logp, _ = sampled_logprobs(model, collate(seqs, processor, "cpu"))
         per_answer = torch.split(logp, [s.n_scored for s in seqs])
@@ -73,10 +69,11 @@ def show_first_moves(rows: list[dict], model_path: str, adapter: str | None) -> 
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
     cfg = load_config("configs/sliding_block.yaml", [])
-    boards = [b for b, twin in zip(targets(rows), twin_boards(targets(rows))) if twin]
-    unique = list({tuple(sorted(b.items())): b for b in boards}.values())
-    unique.sort(key=lambda b: (without_ids(b), len(shortest_moves(SOLVED, b))))
-    for board, probs in zip(unique, first_move_probabilities(model, processor, unique, cfg)):
+    boards = targets(rows)
+    # one row a distinct twin board, look-alikes next to each other
+    distinct = {tuple(sorted(b.items())): (b, r) for b, r, twin in zip(boards, rows, twin_boards(boards)) if twin}
+    chosen = sorted(distinct.values(), key=lambda br: (without_ids(br[0]), len(shortest_moves(SOLVED, br[0]))))
+    for (board, _), probs in zip(chosen, first_move_probabilities(model, processor, [r for _, r in chosen], cfg)):
         route = ", ".join(f"{b} {DIRECTIONS[d]}" for b, d in shortest_moves(SOLVED, board))
         best = sorted(probs.items(), key=lambda kv: -kv[1])[:4]
         print(f"{route:<34} " + "  ".join(f"{t[8:-9]}: {p:.3f}" for t, p in best))
@@ -89,9 +86,9 @@ def main(argv=None) -> None:
     ap.add_argument("--first-moves", metavar="MODEL", help="the model whose first moves on the twin boards to show")
     ap.add_argument("--adapter", help="a LoRA adapter folder, merged into --first-moves' model")
     args = ap.parse_args(argv)
-    rows = read_jsonl(args.eval_set)
+    rows = load_rows(args.eval_set)
     for path in args.episodes:
-        counts = split(rows, read_jsonl(path))
+        counts = split(rows, read_jsonl(Path(path)))
         print(path + ": " + ", ".join(f"{name} {solved}/{total}" for name, (solved, total) in counts.items()))
     if args.first_moves:
         torch.set_num_threads(2)

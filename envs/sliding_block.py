@@ -104,10 +104,14 @@ def without_ids(positions: Positions) -> tuple:
 def twin_boards(targets: list[Positions]) -> list[bool]:
     """For each target, whether another layout as few moves from the start looks the same with the
     ids erased: a policy that cannot read the digits plays a twin's moves as often as its own."""
-    depth = max(len(shortest_moves(SOLVED, t)) for t in targets)
     distance, looks = {key(SOLVED): 0}, {without_ids(SOLVED): [key(SOLVED)]}
-    frontier = [SOLVED]
-    for d in range(1, depth + 1):
+    frontier, d = [SOLVED], 0
+    # breadth first, a whole level at a time, until every target is reached: all layouts as near as
+    # the farthest target are then known
+    while any(key(t) not in distance for t in targets):
+        if not frontier:
+            raise ValueError("a target layout cannot be reached")
+        d += 1
         nxt = []
         for positions in frontier:
             for move in legal_moves(positions):

@@ -242,10 +242,10 @@ def test_first_move_probabilities_rank_the_move_greedy_decoding_plays():
     model, processor = load_model("assets/maze-vl-base", speedups=False)
     cfg = load_config("configs/sliding_block.yaml", [])
     board = play((9, "down"), (9, "right"), (7, "right"))
-    probs = first_move_probabilities(model, processor, [board], cfg)[0]
+    row = {"seed": 0, "env_id": "sliding_block/easy", "target": {str(b): list(p) for b, p in board.items()}}
+    probs = first_move_probabilities(model, processor, [row], cfg)[0]
     assert 0.5 < sum(probs.values()) <= 1.0 + 1e-6
-    picture, _ = SlidingBlockEnv(cell_px=cfg.environment.cell_px).reset(
-        options={"init_state": {"target": {str(b): list(p) for b, p in board.items()}}})
+    picture, _ = SlidingBlockEnv(cell_px=cfg.environment.cell_px).reset(options={"init_state": row})
     prompt, _ = task_prompter(processor, environment_of(cfg), cfg.environment.cell_px).prompt([""], [], 2, 1)
     batch = collate([TrainSeq("greedy", prompt, [0] * len(prompt), [0.0] * len(prompt), [picture])], processor, "cpu")
     batch.pop("loss_mask")
