@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+from controller.runtime_env import allocator_options, passed_env_names
 from placement.groups import bundle_nodes, create_groups, remove_groups
 from placement.plan import Plan
 from settings.schema import Config
@@ -70,18 +71,22 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int, timeout_s
     # Ray starts actors with OMP_NUM_THREADS=1; host-side work (preprocessing, sampling) wants the bundle's CPUs
     threads = max(1, int(t.placement.cpus_per_bundle))
     dtype = compute_dtype(device)
+    passed = passed_env_names(list(cfg.ray.forward_env))
+    allocator = {role: allocator_options(role, g.inference_engine.backend, plan.use_gpu, passed)
+                 for role in ("engine", "policy", "ref")}
     policy, ref, engines, env_pool, checkpointer = [], [], [], None, None
     try:
         # one-step-off: an engine generating for minutes still answers status, memory and liveness calls
         concurrency = {"max_concurrency": 2} if t.fully_async.enabled else {}
-        engines = [ray.remote(VLLMEngine).options(**slot_options(groups, pool, i, slot, ns), **concurrency).remote(
+        engines = [ray.remote(VLLMEngine).options(**slot_options(groups, pool, i, slot, ns), **concurrency,
+                                                 **allocator["engine"]).remote(
             model_path, device=device, rank=slot.rank, dtype=dtype, threads=threads, **engine_settings(cfg))
             for pool, i, slot in plan.slots("engine")]
         if g.inference_engine.backend == "vllm" and plan.use_gpu:
             # vLLM sizes its KV cache from the GPU memory it sees free while it profiles: shards loading
             # onto the same GPU meanwhile would be counted against it, so they start once it is up
             ray.get([e.status.remote() for e in engines])
-        policy = [ray.remote(FSDPPolicyShard).options(**slot_options(groups, pool, i, slot, ns)).remote(
+        policy = [ray.remote(FSDPPolicyShard).options(**slot_options(groups, pool, i, slot, ns), **allocator["policy"]).remote(
             model_path, rank=slot.rank, world_size=len(plan.slots("policy")), device=device,
             lora=asdict(t.policy.model.lora), optimizer=asdict(t.policy.optimizer_config),
             total_steps=total_steps, seed=t.seed, cpu_offload=t.policy.fsdp_config.cpu_offload,
@@ -90,7 +95,7 @@ def launch(cfg: Config, plan: Plan, model_path: str, total_steps: int, timeout_s
             record_collectives=t.policy.fsdp_config.record_collectives, compile_layers=t.policy.model.compile_layers,
             max_tokens_per_micro_batch=t.max_tokens_per_micro_batch)
             for pool, i, slot in plan.slots("policy")]
-        ref = [ray.remote(RefShard).options(**slot_options(groups, pool, i, slot, ns)).remote(
+        ref = [ray.remote(RefShard).options(**slot_options(groups, pool, i, slot, ns), **allocator["ref"]).remote(
             model_path, rank=slot.rank, world_size=len(plan.slots("ref")), device=device,
             cpu_offload=t.ref.fsdp_config.cpu_offload, s3_cfg=cfg.s3, threads=threads, dtype=dtype,
             speedups=t.policy.model.speedups, fsdp_size=t.ref.fsdp_config.fsdp_size,

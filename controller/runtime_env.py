@@ -52,6 +52,30 @@ def runtime_env(forward: list[str], address: str | None, environ=os.environ) -> 
     return out
 
 
+# The train pass allocates activations of a new size each micro-batch (packed to a token budget): with
+# fixed segments the 8B shard's process held 68.9 GiB for 53.4 allocated; with segments that grow in
+# place, 55.8 at the same step time (bench/record/2026-12-07-growable-allocator-segments-for-the-8b-step.md).
+# vLLM's own engine is left alone: its sleep mode brings an allocator that refuses them.
+ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+GROWABLE_SEGMENTS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def allocator_options(role: str, backend: str, use_gpu: bool, passed: set[str]) -> dict:
+    """Actor options giving a GPU actor that trains (policy, ref) or runs the hf engine growable
+    allocator segments, unless the run passes its own allocator setting (`passed`: the variable
+    names every actor already gets, ray.forward_env's and the Ray Job's)."""
+    wants = use_gpu and (role in ("policy", "ref") or (role == "engine" and backend == "hf"))
+    if not wants or passed & set(ALLOCATOR_ENV):
+        return {}
+    return {"runtime_env": {"env_vars": dict(GROWABLE_SEGMENTS)}}
+
+
+def passed_env_names(forward: list[str], environ=os.environ) -> set[str]:
+    """The environment variables every actor of this run gets: the job's and those the driver passes."""
+    job = job_runtime_env(environ) or {}
+    return set(job.get("env_vars") or {}) | set(runtime_env(forward, None, environ).get("env_vars", {}))
+
+
 def run_namespace(configured: str | None, run_name: str) -> str:
     """The namespace of this run's named actors: the configured one, else one no other run has."""
     return configured or f"visrl-{run_name}-{uuid.uuid4().hex[:8]}"

@@ -52,3 +52,22 @@ def test_an_offloaded_shard_frees_its_weights_and_trains_as_one_never_offloaded(
     for name, value in after_stays.items():
         torch.testing.assert_close(after_moves[name], value, rtol=0, atol=0)
     assert any((v != 0).any() for n, v in after_moves.items() if "lora_B" in n)  # the updates did happen
+
+
+def test_a_shard_started_as_the_driver_starts_it_grows_its_segments(tiny_model_dir):
+    """controller/launch.py starts a GPU policy shard with growable allocator segments: the segments
+    its process holds after a train step are expandable ones."""
+    ray = pytest.importorskip("ray")
+    from controller.runtime_env import allocator_options
+
+    ray.init(num_gpus=1, include_dashboard=False)
+    try:
+        shard = ray.remote(FSDPPolicyShard).options(num_gpus=1, **allocator_options("policy", "hf", True, set())).remote(
+            tiny_model_dir, device="cuda", dtype="bfloat16", lora={"rank": 4, "alpha": 8}, seed=0)
+        ray.get(shard.setup.remote("127.0.0.1", free_port()))
+        batch = make_items(tiny_model_dir)
+        ray.get(shard.train.remote(batch["items"], ALGORITHM, 1.0, 2, 1, batch["ref"]))
+        segments = ray.get(shard.__ray_call__.remote(lambda self: [s["is_expandable"] for s in torch.cuda.memory_snapshot()]))
+    finally:
+        ray.shutdown()
+    assert segments and all(segments)
