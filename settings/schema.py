@@ -343,7 +343,8 @@ class RayConfig:
                                              "actor names")
     include_dashboard: bool = setting(False, "start Ray's dashboard with a new local cluster")
     forward_env: List[str] = setting([], "more environment variables to pass from the driver to every actor, beside "
-                                         "the Hugging Face and AWS settings always passed", visrl=True)
+                                         "the Hugging Face and AWS settings always passed (PYTORCH_CUDA_ALLOC_CONF "
+                                         "here replaces the GPU actors' growable allocator segments)", visrl=True)
 
 
 @dataclass
