@@ -195,7 +195,8 @@ def summarize(label: str, params: int, history: list[dict], device_peak: dict) -
               f"{mean('policy/rollout_k3'):.2e} |")
 
 
-def main():
+def main(argv=None):
+    from settings.load import parse_with_overrides
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["2b", "8b"], choices=sorted(SHAPES))
     ap.add_argument("--steps", type=int, default=3)
@@ -204,7 +205,7 @@ def main():
     ap.add_argument("--out", default="runs/gpu_scale")
     ap.add_argument("--keep-model", action="store_true", help="leave the built model under --out for a later call")
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+    args = parse_with_overrides(ap, argv)
     out = Path(args.out).resolve()
     rows = []
     for shape in args.shapes:

@@ -26,6 +26,7 @@ def main():
     from rl.inputs import load_datasets, make_prompters
     from rl.rollout import RolloutRunner, task_of
     from settings import load_config
+    from settings.load import parse_with_overrides
     from vlm.load import resolve_model_path
     from vlm.processor import load_processor
 
@@ -35,7 +36,7 @@ def main():
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0, 1.5, 2.0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+    args = parse_with_overrides(ap)
     torch.set_num_threads(args.threads)
     cfg = load_config(None, args.overrides + ["trainer.run_dir=runs/bench", "data.dataset_dir=runs/bench/data"])
     train_rows, _ = load_datasets(cfg)

@@ -96,6 +96,7 @@ def table(results: dict) -> str:
 
 
 def main(argv=None) -> int:
+    from settings.load import parse_with_overrides
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch", type=int, help="prompts a step (default: the default config's 16, or the shape's)")
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
     ap.add_argument("--out", type=Path, help="runs and the cluster's files (default: a temporary folder)")
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args(argv)
+    args = parse_with_overrides(ap, argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="visrl-overlap-"))
     extra, batch = list(args.overrides), args.batch or 16
     if args.shape:

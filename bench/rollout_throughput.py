@@ -52,6 +52,7 @@ def main():
     from rl.inputs import load_datasets, make_prompters
     from rl.rollout import RolloutRunner, task_of
     from settings import load_config
+    from settings.load import parse_with_overrides
     from storage.adapters import AdapterRef
     from vlm.load import compute_dtype, resolve_model_path
     from vlm.processor import load_processor
@@ -63,7 +64,7 @@ def main():
     ap.add_argument("--backends", nargs="+", default=["hf"], choices=["hf", "vllm"])
     ap.add_argument("--adapter", default="", help="an adapter folder, or 'random' (the default config's shape)")
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+    args = parse_with_overrides(ap)
     torch.set_num_threads(args.threads)
     cfg = load_config(None, args.overrides + ["trainer.run_dir=runs/bench", "data.dataset_dir=runs/bench/data"])
     g = cfg.generator

@@ -5,9 +5,11 @@ closest valid one; the entry points turn it into exit status 2.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import re
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -125,6 +127,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     cfg.check()
     _refuse_placeholders(cfg)
     return cfg
+
+
+def parse_with_overrides(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """`ap`'s arguments, with every `key=value` override of the command line in `.overrides` wherever
+    it stands: an option of several values (`--workloads decode`) would otherwise take the overrides
+    after it for its own values and refuse them."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    is_override = [("=" in a and not a.startswith("-")) for a in argv]
+    args = ap.parse_args([a for a, o in zip(argv, is_override) if not o])
+    args.overrides = [a for a, o in zip(argv, is_override) if o]
+    return args
 
 
 def typed_settings(schema, values: dict | None, what: str):

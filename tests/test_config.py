@@ -228,3 +228,23 @@ def test_every_key_the_configuration_page_names_exists():
     unknown = sorted(k for k in named if k not in VALID_KEYS and k not in UNSUPPORTED and k not in sections
                      and not any(k.startswith(f + ".") for f in free_form))
     assert named and not unknown, unknown
+
+
+def test_overrides_after_an_option_of_several_values_reach_the_config():
+    """`python bench/gpu_scale.py --workloads decode trainer.seed=3`: argparse alone gives the override
+    to --workloads and refuses it; the benches' parsing hands every key=value to the config instead."""
+    import argparse
+
+    from settings.load import parse_with_overrides
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", nargs="+", choices=["short", "decode"])
+    ap.add_argument("--keep-model", action="store_true")
+    ap.add_argument("--out", default="runs/x")
+    ap.add_argument("overrides", nargs="*")
+    argv = ["--workloads", "decode", "trainer.seed=3", "--keep-model", "--out=runs/y", "data.train_size=32"]
+    with pytest.raises(SystemExit):
+        ap.parse_args(argv)
+    args = parse_with_overrides(ap, argv)
+    assert (args.workloads, args.keep_model, args.out) == (["decode"], True, "runs/y")
+    assert args.overrides == ["trainer.seed=3", "data.train_size=32"]
+    load_config(None, args.overrides)  # and they are the config's keys
