@@ -21,7 +21,8 @@ from safetensors.torch import load_file, save_file
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tools.seeds import by_length, eval_adapter, parse_with_overrides, seed_args  # noqa: E402
+from settings.load import parse_with_overrides  # noqa: E402
+from tools.seeds import by_length, eval_adapter, seed_args  # noqa: E402
 
 
 def average_adapters(adapters: list[Path], out: Path) -> Path:

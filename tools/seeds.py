@@ -165,6 +165,7 @@ def plot(results: list[dict], out: Path, title: str) -> None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options, and the key=value overrides wherever they stand: right after `--seeds 0 1 2`,
     argparse would read them as more seeds and refuse them."""
+    from settings.load import parse_with_overrides
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--parallel", type=int, default=1)
@@ -176,14 +177,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--no-run", action="store_true", help="only report on the seeds' run folders")
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     return parse_with_overrides(ap, argv)
-
-
-def parse_with_overrides(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """ap's options, and the key=value overrides wherever they stand, as `.overrides`."""
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    args = ap.parse_args([a for a in argv if a not in overrides])
-    args.overrides = overrides
-    return args
 
 
 def main():
