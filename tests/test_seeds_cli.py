@@ -23,6 +23,17 @@ def test_seed_in_an_override_stands_for_each_seed():
     assert "trainer.epochs=1" in args and "trainer.seed=3" in args and not any("{seed}" in a for a in args)
 
 
+def test_a_report_on_runs_that_are_not_there_names_them_and_creates_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+    out = subprocess.run([sys.executable, "tools/seeds.py", "--seeds", "1", "2", "--no-run", "--runs", str(tmp_path),
+                          "--name", "never"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "holds none for seed(s) 1, 2" in out.stderr and "without --no-run" in out.stderr
+    assert "Traceback" not in out.stderr and not any(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_each_heldout_set_is_evaluated_into_its_own_folder(tiny_model_dir, tmp_path):
     import json

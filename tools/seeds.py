@@ -182,6 +182,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main():
     args = parse_args(sys.argv[1:])
     base = args.runs / args.name
+    missing = [s for s in args.seeds if args.no_run and not (base / f"seed_{s}" / "wall_s.txt").exists()]
+    if missing:
+        raise SystemExit(f"--no-run reports on finished runs, and {base} holds none for seed(s) "
+                         f"{', '.join(map(str, missing))}: run the same command without --no-run first")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped like Ctrl-C: the runs stop with it
     with ThreadPoolExecutor(args.parallel) as pool:
         try:
