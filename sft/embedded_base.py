@@ -338,6 +338,7 @@ def stages_a_to_b(model, processor, arch, cfg, args) -> dict:
 
 def main(argv=None):
     from settings import load_config
+    from settings.load import parse_with_overrides
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="assets/maze-vl-base")
@@ -368,7 +369,7 @@ def main(argv=None):
     ap.add_argument("overrides", nargs="*", help="config overrides; the chat format (context window, pictures, "
                                                  "max_turns) comes from configs/default.yaml, the task is "
                                                  "maze_2d/easy unless one names another")
-    args = ap.parse_args(argv)
+    args = parse_with_overrides(ap, argv)
     # the shipped base learned VisGym's own picture; the trail the default trains on is RL's (configs/default.yaml)
     args.overrides = ["environment.env_class=maze_2d/easy", *args.overrides]
     cfg = load_config(None, args.overrides)
