@@ -7,7 +7,8 @@ the workload's shape (r32, all linear layers) and runs gpu_scale's rollout (8 ma
 5 turns, 16 sampled tokens, `cell_px=32`; with `--shape default`, the shipped base and the default
 config's workload) through the real RolloutRunner. Each rollout's wall time
 is split into: decode (prefill and sampling, in `generate` or the engine's own loop with
-`generator.inference_engine.cuda_graphs`; the device synchronised on both sides), picture
+`generator.inference_engine.cuda_graphs`; the device synchronised on both sides; of it, the own
+loop's prefill), picture
 preprocessing, env reset/step, prompt building, and the rest (with `--sleep`, the engine's sleep
 and wake, as in a colocated step); then cProfile's heaviest functions of the last rollout by own
 time, and the GPU kernels of one more rollout by device time.
@@ -28,9 +29,12 @@ class Timers:
     """Wraps methods so every call adds its seconds to a named total."""
 
     def __init__(self, sync):
-        self.total, self.sync = defaultdict(float), sync
+        self.total, self.sync, self.nested = defaultdict(float), sync, set()
 
-    def wrap(self, owner, name: str, label: str, synced: bool = False):
+    def wrap(self, owner, name: str, label: str, synced: bool = False, nested: bool = False):
+        """nested: the calls run inside another timed one (their seconds are part of its)."""
+        if nested:
+            self.nested.add(label)
         inner = getattr(owner, name)
 
         def timed(*a, **kw):
@@ -45,6 +49,9 @@ class Timers:
                 self.total[label] += time.perf_counter() - start
         setattr(owner, name, timed)
 
+    def outermost(self) -> float:
+        return sum(s for label, s in self.total.items() if label not in self.nested)
+
 
 def main():
     import torch
@@ -53,6 +60,7 @@ def main():
     from bench.gpu_scale import profile_config, profile_parser
     from bench.rollout_throughput import random_adapter
     from envs.dataset import make_rows
+    from inference.graph_decode import GraphDecoder
     from rl.rollout import rollout_tasks, training_sampling
 
     ap = profile_parser(__doc__, "rollouts", "/tmp/rollout-profile")
@@ -67,6 +75,7 @@ def main():
     rows, _ = make_rows(cfg.environment.env_class, 0, cfg.trainer.train_batch_size, cfg.generator.max_turns, False)
     timers = Timers(torch.cuda.synchronize)
     timers.wrap(backend, "_decode", "decode", synced=True)
+    timers.wrap(GraphDecoder, "_prefill", "of which prefill", synced=True, nested=True)
     timers.wrap(backend, "_encode_images", "picture preprocessing")
     timers.wrap(runner.env, "step", "env step")
     timers.wrap(runner.env, "reset", "env reset")
@@ -94,7 +103,7 @@ def main():
         graphs = (f", {decoder.captures} graphs captured in {decoder.capture_s:.2f} s and {decoder.prefilled_rows} "
                   f"distinct prompts prefilled so far" if decoder else "")
         print(f"rollout {k}{' (warm-up)' if k == 0 else ''}: {wall:.2f} s, {turns} turns, {tokens} tokens | "
-              f"{parts}, rest {wall - sum(timers.total.values()):.2f} s{graphs}", flush=True)
+              f"{parts}, rest {wall - timers.outermost():.2f} s{graphs}", flush=True)
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as kernels:
         runner.run(tasks, training_sampling(cfg, args.repeats), version)

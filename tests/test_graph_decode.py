@@ -57,8 +57,9 @@ def test_a_prompt_shared_by_several_sequences_is_prefilled_once(engines, prompte
     assert len({tuple(r.token_ids) for r in sampled}) > 1
 
 
-def test_batches_share_graphs_by_power_of_two():
-    assert [batch_bucket(n) for n in (1, 8, 9, 33, 64, 65)] == [8, 8, 16, 64, 64, 128]
+def test_batches_share_graphs_by_power_of_two_then_by_64():
+    assert [batch_bucket(n) for n in (1, 8, 9, 33, 64, 65, 128, 129, 192, 193)] == \
+        [8, 8, 16, 64, 64, 128, 128, 192, 192, 256]
 
 
 def test_an_unknown_decode_loop_is_refused(tiny_model_dir):
