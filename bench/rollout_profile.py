@@ -79,7 +79,8 @@ def main():
     timers.wrap(backend, "_encode_images", "picture preprocessing")
     timers.wrap(runner.env, "step", "env step")
     timers.wrap(runner.env, "reset", "env reset")
-    timers.wrap(runner.prompter, "prompt", "prompt building")
+    for prompter in runner.prompters.values():
+        timers.wrap(prompter, "prompt", "prompt building")
     for k in range(args.repeats + 1):
         timers.total.clear()
         profile = cProfile.Profile() if k == args.repeats else None
