@@ -76,8 +76,8 @@ def _round_up(n: int, multiple: int) -> int:
 
 def batch_bucket(n: int) -> int:
     """Batch sizes share graphs (a rollout's batch shrinks as episodes end): by power of two up to 64
-    (at least 8), then by multiples of 64. Every bucket row is decoded and holds a cache row, so a power
-    of two above 64 wasted a third of an 8B step's decode and cache on a batch of 192 (24 mazes x 8)."""
+    (at least 8), then by multiples of 64. Every bucket row is decoded and holds a cache row: a batch of
+    192 (24 mazes x 8) in a power-of-two bucket decoded and cached 256 rows."""
     if n <= 64:
         return max(8, 1 << (n - 1).bit_length())
     return _round_up(n, 64)
