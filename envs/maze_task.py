@@ -49,7 +49,7 @@ class MazeTask(Environment):
         d = data
         return write_dataset(folder, self.name, d.train_size, d.eval_size, d.train_seed_start, d.eval_seed_start,
                              max_turns, d.solvable_only, d.validation_size, d.validation_seed_start,
-                             d.long_route_share, d.junction_start_share)
+                             d.long_route_share, d.junction_start_share, d.detour_start_share)
 
     def expert_turns(self, row: dict) -> int | None:
         moves = row.get("optimal_moves")

@@ -64,7 +64,8 @@ class TaskMix(Environment):
         manifest = {"env_id": self.name, "max_turns": max_turns, "parts": manifests, "splits": {},
                     "filter": {"solvable_only": data.solvable_only,
                                "train_long_route_share": first["filter"].get("train_long_route_share"),
-                               "train_junction_start_share": first["filter"].get("train_junction_start_share", 0.0)}}
+                               "train_junction_start_share": first["filter"].get("train_junction_start_share", 0.0),
+                               "train_detour_start_share": first["filter"].get("train_detour_start_share", 0.0)}}
         written = []
         for name, per_part in rows.items():
             if per_part:

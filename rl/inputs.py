@@ -92,6 +92,7 @@ def check_dataset_matches(cfg: Config, folder: Path) -> None:
                    "data.solvable_only": manifest["filter"]["solvable_only"],
                    "data.long_route_share": manifest["filter"].get("train_long_route_share"),
                    "data.junction_start_share": manifest["filter"].get("train_junction_start_share", 0.0),
+                   "data.detour_start_share": manifest["filter"].get("train_detour_start_share", 0.0),
                    "data.train_size": splits["train"]["rows"], "data.train_seed_start": splits["train"]["seed_range"][0],
                    "data.eval_size": splits["eval"]["rows"], "data.eval_seed_start": splits["eval"]["seed_range"][0]}
         validation = splits.get("validation")
@@ -104,7 +105,7 @@ def check_dataset_matches(cfg: Config, folder: Path) -> None:
     d = cfg.data
     wanted = {"environment.env_class": cfg.environment.env_class, "generator.max_turns": cfg.generator.max_turns,
               "data.solvable_only": d.solvable_only, "data.long_route_share": d.long_route_share,
-              "data.junction_start_share": d.junction_start_share,
+              "data.junction_start_share": d.junction_start_share, "data.detour_start_share": d.detour_start_share,
               "data.train_size": d.train_size, "data.train_seed_start": d.train_seed_start,
               "data.eval_size": d.eval_size, "data.eval_seed_start": d.eval_seed_start}
     if d.validation_size:

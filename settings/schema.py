@@ -326,6 +326,9 @@ class DataConfig:
                                                 at_least=0, at_most=1, note="or null: the mazes as drawn", visrl=True)
     junction_start_share: float = setting(0.0, "share of train mazes that start at a junction of their route",
                                           at_least=0, at_most=1, note="0: every maze starts at its corner", visrl=True)
+    detour_start_share: float = setting(0.0, "share of train mazes that start inside a wrong branch, the walk there "
+                                             "drawn as trail", at_least=0, at_most=1,
+                                        note="0: every maze starts at its corner", visrl=True)
     replay_share: float = setting(0.0, "up to this share of a batch replays mazes whose group came back mixed",
                                   at_least=0, at_most=1, note="0: every maze is drawn once an epoch", visrl=True)
     long_route_repeats: int = setting(1, "a train maze whose route is longer than its env's shortest is drawn this "

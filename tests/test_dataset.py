@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.dataset import make_rows, start_at_junctions, write_dataset
+from envs.actions import MOVES
+from envs.dataset import init_state, make_rows, start_at_junctions, start_in_detours, write_dataset
 from envs.expert import shortest_path
 from envs.generate import DELTAS
+from envs.maze import MazeEnv
 from envs.rows import load_rows
 from rl.sampler import PromptSampler, repeat_long_routes
 from settings import load_config
@@ -60,8 +62,6 @@ def test_the_validation_split_has_its_own_seeds_above_the_eval_set(tmp_path):
 
 
 def test_rows_rebuild_their_maze(tmp_path):
-    from envs.dataset import init_state
-    from envs.maze import MazeEnv
     write_dataset(tmp_path, "maze_2d/easy", 3, 3, 0, 100, 15, True)
     row = load_rows(tmp_path / "eval.jsonl")[0]
     a, b = MazeEnv(), MazeEnv()
@@ -129,6 +129,41 @@ def test_junction_start_share_moves_that_share_of_train_starts_to_a_junction_of_
     assert m["filter"]["train_junction_start_share"] == 0.5 and plain["filter"]["train_junction_start_share"] == 0.0
     assert load_rows(tmp_path / "j" / "train.jsonl") == start_at_junctions(rows, 0.5, seed=0)
     assert (tmp_path / "j" / "eval.jsonl").read_bytes() == (tmp_path / "p" / "eval.jsonl").read_bytes()
+
+
+def test_detour_starts_put_the_agent_in_a_wrong_branch_as_if_it_had_walked_there(tmp_path):
+    rows, _ = make_rows("maze_2d/hard_trail", 0, 40, 49, solvable_only=True)
+    out = start_in_detours(rows, 0.5, seed=0, max_turns=49)
+    moved = [(r, o) for r, o in zip(rows, out) if o != r]
+    assert len(moved) == 20  # every hard route has a fork
+    depths = set()
+    for row, new in moved:
+        maze = np.asarray(row["maze"])
+        route = shortest_path(maze, row["start"], row["goal"])
+        walked = [tuple(c) for c in new["trail"]] + [tuple(new["start"])]
+        assert tuple(new["start"]) not in route and walked[0] == tuple(row["start"])
+        fork = max(i for i, c in enumerate(walked) if c in route)  # the route, then only the branch
+        assert walked[:fork + 1] == route[:fork + 1] and not set(walked[fork + 1:]) & set(route)
+        depths.add(len(walked) - 1 - fork)
+        assert new["optimal_moves"] == len(shortest_path(maze, walked[-1], row["goal"])) - 1 <= 48
+        # the rebuilt episode is the one that walked there: same picture, same trail, same way back
+        env, replay = MazeEnv(11, 8, 49, trail=2), MazeEnv(11, 8, 49, trail=2)
+        env.reset(options={"init_state": init_state(new)})
+        replay.reset(options={"init_state": init_state(row)})
+        for a, b in zip(walked, walked[1:]):
+            replay.step(MOVES[DELTAS.index((b[0] - a[0], b[1] - a[1]))])
+        assert (env.observation() == replay.observation()).all()
+        walked_there = {k: v for k, v in replay.get_state().items() if k not in ("turn", "start_moves")}
+        assert {k: v for k, v in env.get_state().items() if k != "turn"} == walked_there | {"start_moves": new["optimal_moves"]}
+        assert env.turn == 0
+    assert len(depths) > 2  # random depths into the branch, not always its dead end
+    assert start_in_detours(rows, 0.5, seed=0, max_turns=49) == out and start_in_detours(rows, 0.0, 0, 49) == rows
+    # a detour that leaves no solution within max_turns keeps the corner
+    assert all(r.get("trail") is None or r["optimal_moves"] + 1 <= 30 for r in start_in_detours(rows, 1.0, 0, 30))
+    m = write_dataset(tmp_path, "maze_2d/hard_trail", 40, 8, 0, 1000, 49, True, detour_start_share=0.5)
+    assert m["filter"]["train_detour_start_share"] == 0.5
+    assert load_rows(tmp_path / "train.jsonl") == start_in_detours(rows, 0.5, seed=1, max_turns=49)
+    assert not any("trail" in r for r in load_rows(tmp_path / "eval.jsonl"))
 
 
 def test_long_routes_are_drawn_repeats_times_an_epoch():
