@@ -19,6 +19,9 @@ import gymnasium as gym
 class Environment:
     name: str = ""          # the value of environment.env_class that selects it
     instruction: str = ""   # what the agent is told once, before the first picture
+    # whether write_dataset can move train starts off a route (data.junction_start_share and
+    # data.detour_start_share): a maze's route has junctions and wrong branches
+    route_starts: bool = False
 
     def parts(self) -> list["Environment"]:
         """The tasks whose rows this environment holds: itself, or each task of a mix (envs/mix.py)."""

@@ -16,6 +16,7 @@ ROW_KEYS = ("seed", "env_id", "maze", "start", "goal")
 
 class MazeTask(Environment):
     instruction = INSTRUCTION
+    route_starts = True
 
     def __init__(self, name: str, size: int, trail: int = 0):
         self.name, self.size, self.trail = name, size, trail

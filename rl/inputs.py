@@ -53,11 +53,18 @@ def environment_of(cfg: Config) -> Environment:
 
 
 def check_environment(cfg: Config) -> None:
-    """environment.env_class names a registered task (or a package.module:Class that is one)."""
+    """environment.env_class names a registered task (or a package.module:Class that is one), and
+    the data keys that move train starts off a route are set only for tasks that have one."""
     try:
-        environment_of(cfg)
+        environment = environment_of(cfg)
     except ValueError as e:
         raise ConfigError(f"config key 'environment.env_class': {e}") from None
+    routeless = [task.name for task in environment.parts() if not task.route_starts]
+    for key in ("junction_start_share", "detour_start_share"):
+        if getattr(cfg.data, key) and routeless:
+            raise ConfigError(f"config key 'data.{key}': moves train starts along a maze's route, and "
+                              f"{', '.join(routeless)} has none; set data.{key}=0 for environment.env_class="
+                              f"{cfg.environment.env_class}")
 
 
 def write_run_dataset(cfg: Config, folder) -> dict:

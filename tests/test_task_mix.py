@@ -114,3 +114,8 @@ def test_a_mix_of_one_task_twice_or_of_an_unknown_task_is_a_config_error():
         check_environment(load_config(None, [f"environment.env_class={MAZE}+{MAZE}"]))
     with pytest.raises(ConfigError, match="environment.env_class.*unknown environment 'maze_9d'"):
         check_environment(load_config(None, [f"environment.env_class={MAZE}+maze_9d"]))
+    # starts moved along a route need every task to have one: the blocks' part would ignore the key
+    for key in ("junction_start_share", "detour_start_share"):
+        with pytest.raises(ConfigError, match=f"data.{key}.*{SLIDING} has none; set data.{key}=0"):
+            check_environment(load_config(None, [f"environment.env_class={MAZE}+{SLIDING}", f"data.{key}=0.25"]))
+        check_environment(load_config(None, [f"environment.env_class={MAZE}", f"data.{key}=0.25"]))
